@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs everything pmirror needs to build and test on Debian 12.
+# Idempotent: packages already present are skipped by apt. Run as root.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config ninja-build git
+  libpmem-dev libpmemobj-dev pmdk-tools
+  libibverbs-dev librdmacm-dev ibverbs-providers
+  libspdlog-dev libfmt-dev libcli11-dev libyaml-cpp-dev
+  googletest libgtest-dev libgmock-dev
+  nlohmann-json3-dev libssl-dev libxxhash-dev libsystemd-dev
+  procps iproute2 python3
+)
+
+if [[ ${EUID} -ne 0 ]]; then
+  echo "install-deps: run as root (apt-get needs it)" >&2
+  exit 1
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "install-deps: all packages present"
+fi
