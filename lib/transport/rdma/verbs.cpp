@@ -1,0 +1,83 @@
+#include "transport/rdma/verbs.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace pmirror::transport::rdma {
+
+void destroy_event_channel(rdma_event_channel* channel) { rdma_destroy_event_channel(channel); }
+
+void destroy_cm_id(rdma_cm_id* id) {
+  if (rdma_destroy_id(id) != 0) spdlog::warn("rdma: rdma_destroy_id: {}", std::strerror(errno));
+}
+
+void destroy_pd(ibv_pd* pd) {
+  const std::string device = device_name(pd->context);
+  if (int err = ibv_dealloc_pd(pd); err != 0)
+    spdlog::warn("rdma: ibv_dealloc_pd on {}: {} (a memory region still registered?)", device,
+                 std::strerror(err));
+}
+
+void destroy_comp_channel(ibv_comp_channel* channel) {
+  if (int err = ibv_destroy_comp_channel(channel); err != 0)
+    spdlog::warn("rdma: ibv_destroy_comp_channel: {}", std::strerror(err));
+}
+
+void destroy_cq(ibv_cq* cq) {
+  const std::string device = device_name(cq->context);
+  if (int err = ibv_destroy_cq(cq); err != 0)
+    spdlog::warn("rdma: ibv_destroy_cq on {}: {}", device, std::strerror(err));
+}
+
+void destroy_mr(ibv_mr* mr) {
+  const std::string device = device_name(mr->context);
+  if (int err = ibv_dereg_mr(mr); err != 0)
+    spdlog::warn("rdma: ibv_dereg_mr on {}: {}", device, std::strerror(err));
+}
+
+Fd& Fd::operator=(Fd&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+Fd::~Fd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+AlignedBuffer allocate_aligned(size_t length) {
+  constexpr size_t kPage = 4096;
+  const size_t rounded = (length + kPage - 1) / kPage * kPage;
+  void* p = std::aligned_alloc(kPage, rounded == 0 ? kPage : rounded);
+  if (p != nullptr) std::memset(p, 0, rounded == 0 ? kPage : rounded);
+  return AlignedBuffer(static_cast<std::byte*>(p));
+}
+
+std::string device_name(const ibv_context* context) {
+  if (context == nullptr || context->device == nullptr) return "no device";
+  const char* name = ibv_get_device_name(context->device);
+  return name != nullptr ? name : "unnamed device";
+}
+
+Status verbs_error(Errc code, std::string_view call, const ibv_context* context, int err) {
+  std::string what(call);
+  what += " on ";
+  what += device_name(context);
+  return errno_status(code, what, err);
+}
+
+Status set_nonblocking(int fd, std::string_view what) {
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0)
+    return errno_status(Errc::kIoError, std::string("fcntl(O_NONBLOCK) on ") + std::string(what),
+                        errno);
+  return Status::Ok();
+}
+
+}  // namespace pmirror::transport::rdma

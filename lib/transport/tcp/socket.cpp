@@ -1,0 +1,130 @@
+#include "transport/tcp/socket.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+
+#include <cerrno>
+#include <climits>
+
+namespace pmirror::transport::tcp {
+
+std::string format_address(const sockaddr* addr, socklen_t len) {
+  char host[INET6_ADDRSTRLEN] = {};
+  if (addr->sa_family == AF_INET && len >= static_cast<socklen_t>(sizeof(sockaddr_in))) {
+    auto* in = reinterpret_cast<const sockaddr_in*>(addr);
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+    return std::string(host) + ":" + std::to_string(ntohs(in->sin_port));
+  }
+  if (addr->sa_family == AF_INET6 && len >= static_cast<socklen_t>(sizeof(sockaddr_in6))) {
+    auto* in6 = reinterpret_cast<const sockaddr_in6*>(addr);
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+    return "[" + std::string(host) + "]:" + std::to_string(ntohs(in6->sin6_port));
+  }
+  return "?";
+}
+
+std::string format_host_port(const std::string& host, uint16_t port) {
+  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
+  return host + ":" + std::to_string(port);
+}
+
+std::string peer_name(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
+  return format_address(reinterpret_cast<sockaddr*>(&ss), len);
+}
+
+Status set_nodelay(int fd) {
+  int one = 1;
+  if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0)
+    return errno_status(Errc::kIoError, "setsockopt(TCP_NODELAY)", errno);
+  return Status::Ok();
+}
+
+Status set_nonblocking(int fd, bool on) {
+  int flags = fcntl(fd, F_GETFL);
+  if (flags < 0) return errno_status(Errc::kIoError, "fcntl(F_GETFL)", errno);
+  flags = on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK);
+  if (fcntl(fd, F_SETFL, flags) != 0) return errno_status(Errc::kIoError, "fcntl(F_SETFL)", errno);
+  return Status::Ok();
+}
+
+Status wait_fd(int fd, short events, Clock::time_point deadline) {
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return Status(Errc::kTimeout, "timed out");
+    pollfd p{fd, events, 0};
+    int rc = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count() + 1, INT_MAX)));
+    if (rc > 0) return Status::Ok();  // readable/writable or error: the I/O call tells
+    if (rc < 0 && errno != EINTR) return errno_status(Errc::kIoError, "poll", errno);
+  }
+}
+
+Status send_all_deadline(int fd, const void* data, size_t len, Clock::time_point deadline) {
+  auto* p = static_cast<const char*>(data);
+  while (len > 0) {
+    ssize_t n = ::send(fd, p, len, MSG_NOSIGNAL);
+    if (n > 0) {
+      p += n;
+      len -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      PMIRROR_RETURN_IF_ERROR(wait_fd(fd, POLLOUT, deadline));
+      continue;
+    }
+    return errno_status(Errc::kConnectionError, "send", errno);
+  }
+  return Status::Ok();
+}
+
+Status recv_all_deadline(int fd, void* data, size_t len, Clock::time_point deadline) {
+  auto* p = static_cast<char*>(data);
+  while (len > 0) {
+    ssize_t n = ::recv(fd, p, len, 0);
+    if (n > 0) {
+      p += n;
+      len -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) return Status(Errc::kConnectionError, "peer closed the connection");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      PMIRROR_RETURN_IF_ERROR(wait_fd(fd, POLLIN, deadline));
+      continue;
+    }
+    return errno_status(Errc::kConnectionError, "recv", errno);
+  }
+  return Status::Ok();
+}
+
+int sendv_all(int fd, iovec* iov, int iovcnt) {
+  while (iovcnt > 0) {
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(std::min(iovcnt, IOV_MAX));
+    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    auto left = static_cast<size_t>(n);
+    while (iovcnt > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --iovcnt;
+    }
+    if (iovcnt > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+  return 0;
+}
+
+}  // namespace pmirror::transport::tcp

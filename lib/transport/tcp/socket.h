@@ -1,0 +1,64 @@
+// Small socket helpers for the tcp transport: an owning fd, address
+// formatting, whole-buffer I/O.
+#pragma once
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <utility>
+
+#include "common/status.h"
+
+namespace pmirror::transport::tcp {
+
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept {
+    if (this != &other) reset(std::exchange(other.fd_, -1));
+    return *this;
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd() { reset(); }
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  void reset(int fd = -1) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+using Clock = std::chrono::steady_clock;
+
+// "1.2.3.4:5" or "[::1]:5".
+std::string format_address(const sockaddr* addr, socklen_t len);
+std::string format_host_port(const std::string& host, uint16_t port);
+std::string peer_name(int fd);
+
+Status set_nodelay(int fd);
+Status set_nonblocking(int fd, bool on);
+
+// Waits until fd is readable (POLLIN) or writable (POLLOUT) or deadline.
+// Returns kTimeout on expiry, errno status on failure.
+Status wait_fd(int fd, short events, Clock::time_point deadline);
+
+// Blocking-style I/O with a deadline on a non-blocking socket (handshake).
+Status send_all_deadline(int fd, const void* data, size_t len, Clock::time_point deadline);
+Status recv_all_deadline(int fd, void* data, size_t len, Clock::time_point deadline);
+
+// Writes every byte described by iov (modified in place) to a blocking
+// socket. Returns 0 or the errno that stopped it.
+int sendv_all(int fd, iovec* iov, int iovcnt);
+
+}  // namespace pmirror::transport::tcp

@@ -1,0 +1,677 @@
+#include "transport/tcp/tcp_connection.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+
+namespace pmirror::transport::tcp {
+
+namespace {
+
+constexpr size_t kSenderBatch = 64;  // frames per sendmsg
+
+std::string hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%" PRIx64, v);
+  return buf;
+}
+
+// Buffered reader: small frames cost one recv for many; large payloads are
+// received straight into their destination (registered memory).
+class FrameReader {
+ public:
+  explicit FrameReader(int fd) : fd_(fd), buf_(new uint8_t[kBufSize]) {}
+
+  // Fills dst with exactly n bytes; false on EOF (err() == 0) or error.
+  bool read(void* dst, size_t n) {
+    if (n == 0) return true;
+    auto* out = static_cast<uint8_t*>(dst);
+    size_t take = std::min(end_ - begin_, n);
+    if (take > 0) {
+      std::memcpy(out, buf_.get() + begin_, take);
+      begin_ += take;
+      out += take;
+      n -= take;
+    }
+    while (n > 0) {
+      if (n >= kDirectThreshold) {
+        ssize_t r = ::recv(fd_, out, n, MSG_WAITALL);
+        if (r <= 0) {
+          if (r < 0 && errno == EINTR) continue;
+          err_ = r == 0 ? 0 : errno;
+          return false;
+        }
+        out += r;
+        n -= static_cast<size_t>(r);
+        continue;
+      }
+      ssize_t r = ::recv(fd_, buf_.get(), kBufSize, 0);
+      if (r <= 0) {
+        if (r < 0 && errno == EINTR) continue;
+        err_ = r == 0 ? 0 : errno;
+        return false;
+      }
+      begin_ = 0;
+      end_ = static_cast<size_t>(r);
+      take = std::min(end_, n);
+      std::memcpy(out, buf_.get(), take);
+      begin_ = take;
+      out += take;
+      n -= take;
+    }
+    return true;
+  }
+  int err() const { return err_; }
+
+ private:
+  static constexpr size_t kBufSize = 64 * 1024;
+  static constexpr size_t kDirectThreshold = 16 * 1024;
+  int fd_;
+  std::unique_ptr<uint8_t[]> buf_;
+  size_t begin_ = 0;
+  size_t end_ = 0;
+  int err_ = 0;
+};
+
+}  // namespace
+
+TcpConnection::TcpConnection(UniqueFd fd, const ConnectionOptions& options, const Hello& peer,
+                             std::string peer_address)
+    : options_(options),
+      peer_(peer),
+      peer_address_(std::move(peer_address)),
+      fd_(std::move(fd)),
+      table_(std::make_shared<RegistrationTable>()),
+      ring_(options.max_outstanding),
+      // A READ_RESP is popped only after sendmsg returned, by which time the
+      // peer may have polled it and posted another Read: hence twice the
+      // peer's depth, plus one spare for an ERROR frame.
+      responses_(2 * size_t{peer.max_outstanding} + 1),
+      slots_(new std::byte[size_t{options.recv_slots} * options.message_size]),
+      slot_state_(options.recv_slots, SlotState::kPosted),
+      posted_(options.recv_slots) {
+  for (uint32_t i = 0; i < options.recv_slots; ++i) posted_[i] = i;
+  posted_count_ = options.recv_slots;
+  sender_ = std::thread([this] { sender_main(); });
+  receiver_ = std::thread([this] { receiver_main(); });
+}
+
+TcpConnection::~TcpConnection() { shutdown(); }
+
+Result<std::unique_ptr<MemoryRegion>> TcpConnection::register_memory(void* addr, size_t len,
+                                                                     uint32_t access,
+                                                                     PersistFn persist) {
+  if (addr == nullptr || len == 0)
+    return Status(Errc::kInvalidArgument, "register_memory: empty region (addr " +
+                                              hex(reinterpret_cast<uint64_t>(addr)) + ", length " +
+                                              std::to_string(len) + ")");
+  if ((access & ~uint32_t{kRemoteWrite | kRemoteRead}) != 0)
+    return Status(Errc::kInvalidArgument, "register_memory: unknown access bits " + hex(access));
+  auto* base = static_cast<std::byte*>(addr);
+  uint32_t rkey = table_->add(base, len, access, std::move(persist));
+  RemoteKey key{reinterpret_cast<uint64_t>(addr), rkey, len};
+  return std::unique_ptr<MemoryRegion>(new TcpMemoryRegion(table_, base, len, key));
+}
+
+Result<const TcpMemoryRegion*> TcpConnection::check_local(const MemoryRegion& local, size_t offset,
+                                                          size_t len, std::string_view op) const {
+  auto* mr = dynamic_cast<const TcpMemoryRegion*>(&local);
+  if (mr == nullptr || mr->table() != table_.get())
+    return Status(Errc::kInvalidArgument,
+                  std::string(op) + ": the local region is not registered on this connection");
+  if (offset > mr->length() || len > mr->length() - offset)
+    return Status(Errc::kInvalidArgument, std::string(op) + ": local range [" +
+                                              std::to_string(offset) + ", +" + std::to_string(len) +
+                                              ") exceeds the local region (" +
+                                              std::to_string(mr->length()) + " bytes)");
+  if (len > kMaxTransfer)
+    return Status(Errc::kInvalidArgument, std::string(op) + ": " + std::to_string(len) +
+                                              " bytes exceed the largest transfer (" +
+                                              std::to_string(kMaxTransfer) + ")");
+  return mr;
+}
+
+Status TcpConnection::post_write(const MemoryRegion& local, size_t local_offset, size_t len,
+                                 const RemoteKey& remote, uint64_t remote_offset, uint64_t wr_id,
+                                 bool signaled) {
+  PMIRROR_ASSIGN_OR_RETURN(auto* mr, check_local(local, local_offset, len, "post_write"));
+  return post(Opcode::kWrite, wr_id, signaled, mr->base() + local_offset, len, &remote,
+              remote_offset, {});
+}
+
+Status TcpConnection::post_read(const MemoryRegion& local, size_t local_offset, size_t len,
+                                const RemoteKey& remote, uint64_t remote_offset, uint64_t wr_id) {
+  PMIRROR_ASSIGN_OR_RETURN(auto* mr, check_local(local, local_offset, len, "post_read"));
+  return post(Opcode::kRead, wr_id, true, mr->base() + local_offset, len, &remote, remote_offset,
+              {});
+}
+
+Status TcpConnection::post_send(std::span<const std::byte> message, uint64_t wr_id) {
+  if (message.size() > options_.message_size)
+    return Status(Errc::kInvalidArgument,
+                  "post_send: message of " + std::to_string(message.size()) +
+                      " bytes exceeds message_size " + std::to_string(options_.message_size));
+  return post(Opcode::kSend, wr_id, true, nullptr, message.size(), nullptr, 0, message);
+}
+
+Status TcpConnection::post(Opcode opcode, uint64_t wr_id, bool signaled, std::byte* local,
+                           size_t len, const RemoteKey* remote, uint64_t remote_offset,
+                           std::span<const std::byte> message) {
+  bool wake;
+  {
+    std::lock_guard lk(mu_);
+    if (broken_) return closed_status_locked();
+    if (outstanding_ >= options_.max_outstanding)
+      return Status(Errc::kResourceExhausted, "send queue to " + peer_address_ +
+                                                  " is full: " + std::to_string(outstanding_) +
+                                                  " operations outstanding (max_outstanding " +
+                                                  std::to_string(options_.max_outstanding) +
+                                                  "); poll completions before posting more");
+    Wr& w = ring_[tail_seq_ % ring_.size()];
+    w.seq = tail_seq_;
+    w.wr_id = wr_id;
+    w.opcode = opcode;
+    w.signaled = signaled;
+    w.in_flight = false;
+    w.done = false;
+    w.status = Status::Ok();
+    w.local = local;
+    w.length = static_cast<uint32_t>(len);
+    FrameHeader h;
+    h.seq = w.seq;
+    h.wr_id = wr_id;
+    h.length = static_cast<uint32_t>(len);
+    h.opcode = static_cast<uint8_t>(opcode);
+    if (remote != nullptr) {
+      h.rkey = remote->rkey;
+      h.addr = remote->address + remote_offset;  // wraps on nonsense; the peer refuses it
+    }
+    switch (opcode) {
+      case Opcode::kWrite:
+        h.type = FrameType::kWrite;
+        break;
+      case Opcode::kRead:
+        h.type = FrameType::kReadReq;
+        break;
+      default:
+        h.type = FrameType::kSend;
+        w.message.assign(message.begin(), message.end());
+        break;
+    }
+    encode(h, w.header.data());
+    ++tail_seq_;
+    ++outstanding_;
+    wake = sender_idle_;
+  }
+  if (wake) sender_cv_.notify_one();
+  return Status::Ok();
+}
+
+Result<size_t> TcpConnection::poll(std::span<Completion> out, std::chrono::milliseconds timeout) {
+  std::unique_lock lk(mu_);
+  if (cq_.empty() && !flushed_ && timeout.count() > 0 && !out.empty()) {
+    ++pollers_;
+    cq_cv_.wait_for(lk, timeout, [&] { return !cq_.empty() || flushed_; });
+    --pollers_;
+  }
+  size_t n = 0;
+  while (n < out.size() && !cq_.empty()) {
+    Cqe& e = cq_.front();
+    out[n++] = std::move(e.completion);
+    if (e.counted) --outstanding_;
+    cq_.pop_front();
+  }
+  if (n == 0 && flushed_ && !out.empty()) return closed_status_locked();
+  return n;
+}
+
+std::span<const std::byte> TcpConnection::recv_data(uint32_t slot, uint32_t byte_len) const {
+  if (slot >= options_.recv_slots) return {};
+  return {slots_.get() + size_t{slot} * options_.message_size,
+          std::min(byte_len, options_.message_size)};
+}
+
+Status TcpConnection::repost_recv(uint32_t slot) {
+  bool wake;
+  {
+    std::lock_guard lk(mu_);
+    if (slot >= options_.recv_slots)
+      return Status(Errc::kInvalidArgument, "repost_recv: slot " + std::to_string(slot) +
+                                                " out of range (recv_slots " +
+                                                std::to_string(options_.recv_slots) + ")");
+    if (broken_) return closed_status_locked();
+    if (slot_state_[slot] != SlotState::kOwnedByApp)
+      return Status(Errc::kInvalidArgument,
+                    "repost_recv: slot " + std::to_string(slot) + " is already posted");
+    slot_state_[slot] = SlotState::kPosted;
+    posted_[(posted_head_ + posted_count_) % posted_.size()] = slot;
+    ++posted_count_;
+    wake = receiver_waits_slot_;
+  }
+  if (wake) receiver_cv_.notify_one();
+  return Status::Ok();
+}
+
+void TcpConnection::shutdown() {
+  std::lock_guard once(shutdown_mu_);
+  {
+    std::lock_guard lk(mu_);
+    if (!broken_) {
+      broken_ = true;
+      reason_ = Status(Errc::kClosed, "connection to " + peer_address_ + " was shut down locally");
+    }
+    error_frame_pending_ = false;  // do not wait for a peer that may not read
+  }
+  sender_cv_.notify_all();
+  receiver_cv_.notify_all();
+  cq_cv_.notify_all();
+  ::shutdown(fd_.get(), SHUT_RDWR);
+  if (sender_.joinable()) sender_.join();
+  if (receiver_.joinable()) receiver_.join();
+}
+
+Status TcpConnection::closed_status_locked() const {
+  return Status(Errc::kClosed,
+                "connection to " + peer_address_ + " is closed: " + reason_.message());
+}
+
+void TcpConnection::fail(Status reason, uint64_t culprit) {
+  bool shut;
+  {
+    std::lock_guard lk(mu_);
+    if (!broken_) {
+      broken_ = true;
+      reason_ = std::move(reason);
+      culprit_ = culprit;
+    }
+    shut = !error_frame_pending_;
+  }
+  sender_cv_.notify_all();
+  receiver_cv_.notify_all();
+  if (shut) ::shutdown(fd_.get(), SHUT_RDWR);
+}
+
+void TcpConnection::thread_exit() {
+  std::lock_guard lk(mu_);
+  // Flushing waits for both threads: until then one of them may still be
+  // moving bytes into or out of the application's buffers.
+  if (--live_threads_ == 0) flush_locked();
+}
+
+void TcpConnection::push_cqe_locked(Completion c, bool counted) {
+  cq_.push_back(Cqe{std::move(c), counted});
+  if (pollers_ > 0) cq_cv_.notify_all();
+}
+
+void TcpConnection::retire_locked() {
+  while (head_seq_ < tail_seq_) {
+    Wr& w = ring_[head_seq_ % ring_.size()];
+    if (!w.done) break;
+    if (w.signaled || !w.status.ok()) {
+      Completion c;
+      c.wr_id = w.wr_id;
+      c.opcode = w.opcode;
+      c.status = std::move(w.status);
+      push_cqe_locked(std::move(c), true);
+    } else {
+      --outstanding_;
+    }
+    ++head_seq_;
+  }
+}
+
+void TcpConnection::flush_locked() {
+  Errc code = reason_.code() == Errc::kClosed ? Errc::kClosed : Errc::kConnectionError;
+  Status flushed(code, "operation flushed: " + reason_.message());
+  for (uint64_t seq = head_seq_; seq < tail_seq_; ++seq) {
+    Wr& w = ring_[seq % ring_.size()];
+    if (w.done) continue;
+    w.done = true;
+    w.status = seq == culprit_ ? reason_ : flushed;
+  }
+  next_unsent_ = tail_seq_;
+  retire_locked();
+  // As verbs flushes the receive queue: every posted slot completes in error.
+  for (; posted_count_ > 0; --posted_count_) {
+    uint32_t slot = posted_[posted_head_];
+    posted_head_ = (posted_head_ + 1) % posted_.size();
+    slot_state_[slot] = SlotState::kOwnedByApp;
+    Completion c;
+    c.wr_id = slot;
+    c.opcode = Opcode::kRecv;
+    c.status = flushed;
+    push_cqe_locked(std::move(c), false);
+  }
+  flushed_ = true;
+  cq_cv_.notify_all();
+}
+
+// ---------------------------------------------------------------- sender
+
+void TcpConnection::sender_main() {
+  std::vector<iovec> iov;
+  iov.reserve(4 * kSenderBatch + 4);
+  for (;;) {
+    size_t nresp = 0;
+    uint64_t first = 0, last = 0;
+    bool final_error_frame = false;
+    {
+      std::unique_lock lk(mu_);
+      while (!broken_ && resp_count_ == 0 && next_unsent_ == tail_seq_) {
+        sender_idle_ = true;
+        sender_cv_.wait(lk);
+      }
+      sender_idle_ = false;
+      if (broken_) {
+        if (!error_frame_pending_) break;
+        // The receiver refused a request: emit the responses queued before
+        // it and the ERROR frame (queued last), then close.
+        final_error_frame = true;
+        nresp = resp_count_;
+      } else {
+        nresp = std::min(resp_count_, kSenderBatch);
+        first = next_unsent_;
+        last = std::min(tail_seq_, first + kSenderBatch);
+        for (uint64_t s = first; s < last; ++s) ring_[s % ring_.size()].in_flight = true;
+        next_unsent_ = last;
+      }
+    }
+    // Entries handed out above are stable until we mark them (or until the
+    // peer's READ_RESP for them, which cannot precede our bytes).
+    iov.clear();
+    for (size_t i = 0; i < nresp; ++i) {
+      Response& r = responses_[(resp_head_ + i) % responses_.size()];
+      iov.push_back({r.header.data(), r.header.size()});
+      if (r.length > 0) iov.push_back({const_cast<std::byte*>(r.data), r.length});
+    }
+    for (uint64_t s = first; s < last; ++s) {
+      Wr& w = ring_[s % ring_.size()];
+      iov.push_back({w.header.data(), w.header.size()});
+      if (w.opcode == Opcode::kWrite && w.length > 0) iov.push_back({w.local, w.length});
+      if (w.opcode == Opcode::kSend && !w.message.empty())
+        iov.push_back({w.message.data(), w.message.size()});
+    }
+    int err = sendv_all(fd_.get(), iov.data(), static_cast<int>(iov.size()));
+    {
+      std::lock_guard lk(mu_);
+      for (size_t i = 0; i < nresp; ++i) {
+        Response& r = responses_[(resp_head_ + i) % responses_.size()];
+        if (r.reg != nullptr) table_->unpin(r.reg);
+        r.reg = nullptr;
+      }
+      resp_head_ = (resp_head_ + nresp) % responses_.size();
+      resp_count_ -= nresp;
+      if (nresp > 0 && receiver_waits_resp_) receiver_cv_.notify_one();
+      if (err == 0) {
+        // Handed to the kernel: Writes and Sends are complete. After a
+        // refusal only those before the refused request count as done.
+        for (uint64_t s = first; s < last; ++s) {
+          Wr& w = ring_[s % ring_.size()];
+          if (w.opcode != Opcode::kRead && (!broken_ || s < culprit_)) w.done = true;
+        }
+        retire_locked();
+      }
+      if (final_error_frame) error_frame_pending_ = false;
+    }
+    if (err != 0) {
+      fail(errno_status(Errc::kConnectionError, "connection to " + peer_address_ + " lost: send",
+                        err));
+      break;
+    }
+    if (final_error_frame) {
+      ::shutdown(fd_.get(), SHUT_RDWR);
+      break;
+    }
+  }
+  // Responses never sent still pin their registrations.
+  {
+    std::lock_guard lk(mu_);
+    for (; resp_count_ > 0; --resp_count_) {
+      Response& r = responses_[resp_head_];
+      if (r.reg != nullptr) table_->unpin(r.reg);
+      r.reg = nullptr;
+      resp_head_ = (resp_head_ + 1) % responses_.size();
+    }
+  }
+  thread_exit();
+}
+
+// ---------------------------------------------------------------- receiver
+
+void TcpConnection::receiver_main() {
+  Status why = receive_loop();
+  if (!why.ok()) fail(why);
+  // Whatever the peer wrote and we placed is made durable before we go.
+  table_->persist_all();
+  thread_exit();
+}
+
+Status TcpConnection::receive_loop() {
+  FrameReader rd(fd_.get());
+  auto lost = [&]() {
+    if (rd.err() == 0)
+      return Status(Errc::kConnectionError,
+                    "connection to " + peer_address_ + " lost: the peer closed the connection");
+    return errno_status(Errc::kConnectionError, "connection to " + peer_address_ + " lost: recv",
+                        rd.err());
+  };
+  auto malformed = [&](const std::string& what) {
+    return Status(Errc::kProtocolError, "peer " + peer_address_ + " sent a malformed frame (" +
+                                            what + "); connection closed");
+  };
+  uint8_t hb[kHeaderSize];
+  for (;;) {
+    if (!rd.read(hb, sizeof hb)) return lost();
+    FrameHeader h = decode(hb);
+    if (h.magic != kFrameMagic) return malformed("bad magic " + hex(h.magic));
+    switch (h.type) {
+      case FrameType::kWrite: {
+        auto reg = table_->pin(h.rkey, h.addr, h.length, kRemoteWrite, "write");
+        if (!reg.ok()) return refuse(h, Opcode::kWrite, reg.status());
+        {
+          // RC order: a Read answered before this Write must not see it. Its
+          // READ_RESP is sent zero-copy from the registration, so wait until
+          // an overlapping one has gone out.
+          std::unique_lock lk(mu_);
+          while (!broken_ && overlaps_pending_response_locked(h.addr, h.length)) {
+            receiver_waits_resp_ = true;
+            receiver_cv_.wait(lk);
+          }
+          receiver_waits_resp_ = false;
+          if (broken_) {
+            lk.unlock();
+            table_->unpin(*reg);
+            return Status::Ok();
+          }
+        }
+        // Checked above: [addr, +length) lies inside the pinned registration.
+        bool ok = rd.read(reinterpret_cast<void*>(h.addr), h.length);
+        bool persist_now = table_->unpin_written(*reg, h.addr, h.length);
+        if (!ok) return lost();
+        if (persist_now) table_->persist_all();
+        break;
+      }
+      case FrameType::kReadReq: {
+        auto reg = table_->pin(h.rkey, h.addr, h.length, kRemoteRead, "read");
+        if (!reg.ok()) return refuse(h, Opcode::kRead, reg.status());
+        // RC ordering + tcp durability: Writes before this Read are persisted
+        // before the Read is answered.
+        table_->persist_all();
+        enum { kQueued, kBroken, kOverflow } outcome = kQueued;
+        bool wake = false;
+        {
+          std::lock_guard lk(mu_);
+          if (broken_) {
+            outcome = kBroken;
+          } else if (resp_count_ + 1 >= responses_.size()) {  // one spare for ERROR
+            outcome = kOverflow;
+          } else {
+            Response& r = responses_[(resp_head_ + resp_count_) % responses_.size()];
+            FrameHeader rh;
+            rh.type = FrameType::kReadResp;
+            rh.seq = h.seq;
+            rh.wr_id = h.wr_id;
+            rh.length = h.length;
+            encode(rh, r.header.data());
+            r.reg = *reg;
+            r.data = reinterpret_cast<const std::byte*>(h.addr);
+            r.length = h.length;
+            ++resp_count_;
+            wake = sender_idle_;
+          }
+        }
+        if (outcome != kQueued) {
+          table_->unpin(*reg);
+          if (outcome == kOverflow)
+            return malformed("more reads in flight than its declared max_outstanding " +
+                             std::to_string(peer_.max_outstanding));
+          return Status::Ok();
+        }
+        if (wake) sender_cv_.notify_one();
+        break;
+      }
+      case FrameType::kSend: {
+        if (h.length > options_.message_size)
+          return refuse(
+              h, Opcode::kSend,
+              Status(Errc::kInvalidArgument, "message of " + std::to_string(h.length) +
+                                                 " bytes exceeds the receive buffer size " +
+                                                 std::to_string(options_.message_size)));
+        uint32_t slot;
+        {
+          std::unique_lock lk(mu_);
+          // RNR: stop reading until the application reposts a slot.
+          while (posted_count_ == 0 && !broken_) {
+            receiver_waits_slot_ = true;
+            receiver_cv_.wait(lk);
+          }
+          receiver_waits_slot_ = false;
+          if (broken_) return Status::Ok();
+          slot = posted_[posted_head_];
+          posted_head_ = (posted_head_ + 1) % posted_.size();
+          --posted_count_;
+          slot_state_[slot] = SlotState::kFilling;
+        }
+        bool ok = rd.read(slots_.get() + size_t{slot} * options_.message_size, h.length);
+        std::unique_lock lk(mu_);
+        if (!ok || broken_) {
+          // Back to the front of the queue, so the flush reports it.
+          posted_head_ = (posted_head_ + posted_.size() - 1) % posted_.size();
+          posted_[posted_head_] = slot;
+          ++posted_count_;
+          slot_state_[slot] = SlotState::kPosted;
+          lk.unlock();
+          return ok ? Status::Ok() : lost();
+        }
+        slot_state_[slot] = SlotState::kOwnedByApp;
+        Completion c;
+        c.wr_id = slot;
+        c.opcode = Opcode::kRecv;
+        c.byte_len = h.length;
+        push_cqe_locked(std::move(c), false);
+        break;
+      }
+      case FrameType::kReadResp: {
+        std::byte* dest;
+        {
+          std::lock_guard lk(mu_);
+          bool valid = h.seq >= head_seq_ && h.seq < tail_seq_;
+          Wr* w = valid ? &ring_[h.seq % ring_.size()] : nullptr;
+          if (w == nullptr || w->opcode != Opcode::kRead || !w->in_flight || w->done ||
+              w->length != h.length)
+            return malformed("unexpected read response seq " + std::to_string(h.seq) + ", length " +
+                             std::to_string(h.length));
+          dest = w->local;
+        }
+        if (!rd.read(dest, h.length)) return lost();
+        std::lock_guard lk(mu_);
+        if (!broken_) {
+          ring_[h.seq % ring_.size()].done = true;
+          retire_locked();
+        }
+        break;
+      }
+      case FrameType::kError: {
+        if (h.length > kMaxErrorText) return malformed("error text too long");
+        char text[kMaxErrorText];
+        if (!rd.read(text, h.length)) return lost();
+        return on_error_frame(h, std::string_view(text, h.length));
+      }
+      default:
+        return malformed("unknown frame type " + std::to_string(static_cast<int>(h.type)));
+    }
+  }
+}
+
+bool TcpConnection::overlaps_pending_response_locked(uint64_t addr, uint64_t len) const {
+  for (size_t i = 0; i < resp_count_; ++i) {
+    const Response& r = responses_[(resp_head_ + i) % responses_.size()];
+    if (r.reg == nullptr) continue;
+    auto start = reinterpret_cast<uint64_t>(r.data);
+    if (addr < start + r.length && start < addr + len) return true;
+  }
+  return false;
+}
+
+Status TcpConnection::refuse(const FrameHeader& h, Opcode op, const Status& why) {
+  bool wake = false;
+  {
+    std::lock_guard lk(mu_);
+    if (broken_) return Status::Ok();
+    // A slot is always free for the ERROR frame: reads leave one spare.
+    Response& r = responses_[(resp_head_ + resp_count_) % responses_.size()];
+    error_text_ = why.message().substr(0, kMaxErrorText);
+    FrameHeader eh;
+    eh.type = FrameType::kError;
+    eh.opcode = static_cast<uint8_t>(op);
+    eh.errc = static_cast<uint16_t>(why.code());
+    eh.seq = h.seq;
+    eh.wr_id = h.wr_id;
+    eh.length = static_cast<uint32_t>(error_text_.size());
+    encode(eh, r.header.data());
+    r.reg = nullptr;
+    r.data = reinterpret_cast<const std::byte*>(error_text_.data());
+    r.length = eh.length;
+    ++resp_count_;
+    broken_ = true;
+    error_frame_pending_ = true;
+    reason_ = Status(why.code(), "refused a " + std::string(opcode_name(op)) + " from peer " +
+                                     peer_address_ + ": " + why.message());
+    wake = true;
+  }
+  if (wake) sender_cv_.notify_all();
+  receiver_cv_.notify_all();
+  return Status::Ok();
+}
+
+Status TcpConnection::on_error_frame(const FrameHeader& h, std::string_view text) {
+  auto code = static_cast<Errc>(h.errc);
+  if (h.errc == 0 || h.errc > static_cast<uint16_t>(Errc::kResourceExhausted))
+    code = Errc::kProtocolError;
+  auto op = h.opcode <= static_cast<uint8_t>(Opcode::kRecv) ? static_cast<Opcode>(h.opcode)
+                                                            : Opcode::kWrite;
+  Status why(code, "peer " + peer_address_ + " refused " + std::string(opcode_name(op)) +
+                       " wr_id " + std::to_string(h.wr_id) + ": " + std::string(text));
+  uint64_t culprit = kNoSeq;
+  {
+    std::lock_guard lk(mu_);
+    if (h.seq >= head_seq_ && h.seq < tail_seq_ && !ring_[h.seq % ring_.size()].done) {
+      culprit = h.seq;
+    } else if (!broken_) {
+      // Already completed (Writes complete when sent): report it separately.
+      Completion c;
+      c.wr_id = h.wr_id;
+      c.opcode = op;
+      c.status = why;
+      push_cqe_locked(std::move(c), false);
+    }
+  }
+  fail(why, culprit);
+  return Status::Ok();
+}
+
+}  // namespace pmirror::transport::tcp

@@ -1,0 +1,171 @@
+// The tcp Connection: a send-queue ring served by a sender thread, a
+// receiver thread that serves the peer's requests, a completion queue.
+// Semantics: see tcp_transport.h.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/tcp/registration.h"
+#include "transport/tcp/socket.h"
+#include "transport/tcp/wire.h"
+#include "transport/transport.h"
+
+namespace pmirror::transport::tcp {
+
+class TcpMemoryRegion final : public MemoryRegion {
+ public:
+  TcpMemoryRegion(std::shared_ptr<RegistrationTable> table, std::byte* base, size_t length,
+                  RemoteKey key)
+      : table_(std::move(table)), base_(base), length_(length), key_(key) {}
+  ~TcpMemoryRegion() override { table_->remove(key_.rkey); }
+
+  std::byte* base() const override { return base_; }
+  size_t length() const override { return length_; }
+  RemoteKey remote_key() const override { return key_; }
+  const RegistrationTable* table() const { return table_.get(); }
+
+ private:
+  std::shared_ptr<RegistrationTable> table_;
+  std::byte* base_;
+  size_t length_;
+  RemoteKey key_;
+};
+
+class TcpConnection final : public Connection {
+ public:
+  // fd: connected, handshake done. Starts the threads.
+  TcpConnection(UniqueFd fd, const ConnectionOptions& options, const Hello& peer,
+                std::string peer_address);
+  ~TcpConnection() override;
+
+  Result<std::unique_ptr<MemoryRegion>> register_memory(void* addr, size_t len, uint32_t access,
+                                                        PersistFn persist) override;
+  Status post_write(const MemoryRegion& local, size_t local_offset, size_t len,
+                    const RemoteKey& remote, uint64_t remote_offset, uint64_t wr_id,
+                    bool signaled) override;
+  Status post_read(const MemoryRegion& local, size_t local_offset, size_t len,
+                   const RemoteKey& remote, uint64_t remote_offset, uint64_t wr_id) override;
+  Status post_send(std::span<const std::byte> message, uint64_t wr_id) override;
+  Result<size_t> poll(std::span<Completion> out, std::chrono::milliseconds timeout) override;
+  std::span<const std::byte> recv_data(uint32_t slot, uint32_t byte_len) const override;
+  Status repost_recv(uint32_t slot) override;
+  void shutdown() override;
+  const ConnectionOptions& options() const override { return options_; }
+  std::string peer_address() const override { return peer_address_; }
+  Kind kind() const override { return Kind::kTcp; }
+
+ private:
+  static constexpr uint64_t kNoSeq = ~uint64_t{0};
+
+  // A work request in the send-queue ring; slot = seq % ring size. Fields
+  // other than state are written by post_* before publication and then only
+  // read, until the entry is retired.
+  struct Wr {
+    uint64_t seq = 0;
+    uint64_t wr_id = 0;
+    Opcode opcode = Opcode::kWrite;
+    bool signaled = true;
+    bool in_flight = false;  // taken by the sender (reads: awaiting READ_RESP)
+    bool done = false;
+    Status status;
+    std::byte* local = nullptr;  // write source / read destination
+    uint32_t length = 0;
+    HeaderBytes header{};
+    std::vector<std::byte> message;  // send payload copy (capacity reused)
+  };
+
+  // A frame the receiver asks the sender to emit: READ_RESP or ERROR.
+  struct Response {
+    HeaderBytes header{};
+    RegistrationTable::Reg* reg = nullptr;  // pinned source of a READ_RESP
+    const std::byte* data = nullptr;
+    uint32_t length = 0;
+  };
+
+  struct Cqe {
+    Completion completion;
+    bool counted;  // counts toward max_outstanding until polled
+  };
+
+  enum class SlotState : uint8_t { kPosted, kFilling, kOwnedByApp };
+
+  Result<const TcpMemoryRegion*> check_local(const MemoryRegion& local, size_t offset, size_t len,
+                                             std::string_view op) const;
+  Status post(Opcode opcode, uint64_t wr_id, bool signaled, std::byte* local, size_t len,
+              const RemoteKey* remote, uint64_t remote_offset, std::span<const std::byte> message);
+
+  void sender_main();
+  void receiver_main();
+  Status receive_loop();
+  Status refuse(const FrameHeader& h, Opcode op, const Status& why);
+  Status on_error_frame(const FrameHeader& h, std::string_view text);
+  bool overlaps_pending_response_locked(uint64_t addr, uint64_t len) const;
+
+  // Marks the connection broken (first reason wins) and, unless an ERROR
+  // frame still has to go out, shuts the socket down to stop both threads.
+  void fail(Status reason, uint64_t culprit = kNoSeq);
+  void thread_exit();
+  void retire_locked();
+  void flush_locked();
+  void push_cqe_locked(Completion c, bool counted);
+  Status closed_status_locked() const;
+
+  const ConnectionOptions options_;
+  const Hello peer_;
+  const std::string peer_address_;
+  UniqueFd fd_;
+  std::shared_ptr<RegistrationTable> table_;
+
+  mutable std::mutex mu_;
+  std::condition_variable sender_cv_;    // work for the sender
+  std::condition_variable cq_cv_;        // completions for poll()
+  std::condition_variable receiver_cv_;  // a slot was reposted / a response went out
+  bool sender_idle_ = false;
+  int pollers_ = 0;
+  bool receiver_waits_slot_ = false;
+  bool receiver_waits_resp_ = false;
+
+  bool broken_ = false;
+  bool error_frame_pending_ = false;
+  bool flushed_ = false;
+  int live_threads_ = 2;
+  Status reason_;
+  uint64_t culprit_ = kNoSeq;
+
+  // Send queue: [head_seq_, tail_seq_) are posted and not retired;
+  // [next_unsent_, tail_seq_) not yet taken by the sender.
+  std::vector<Wr> ring_;
+  uint64_t head_seq_ = 0;
+  uint64_t next_unsent_ = 0;
+  uint64_t tail_seq_ = 0;
+  uint32_t outstanding_ = 0;
+
+  // Responses queued by the receiver for the sender (FIFO ring). Sized for
+  // the peer's declared max_outstanding reads plus one ERROR frame.
+  std::vector<Response> responses_;
+  size_t resp_head_ = 0;
+  size_t resp_count_ = 0;
+  std::string error_text_;  // payload of the ERROR frame, if any
+
+  std::deque<Cqe> cq_;
+
+  // Receive slots.
+  std::unique_ptr<std::byte[]> slots_;
+  std::vector<SlotState> slot_state_;
+  std::vector<uint32_t> posted_;  // FIFO ring of posted slots, consumed in posting order
+  size_t posted_head_ = 0;
+  size_t posted_count_ = 0;
+
+  std::mutex shutdown_mu_;
+  std::thread sender_;
+  std::thread receiver_;
+};
+
+}  // namespace pmirror::transport::tcp
