@@ -1,0 +1,73 @@
+// The target: what pmirrord runs. Per configured volume it maps the region
+// (lib/region) and keeps the volume's bookkeeping in the state pool
+// (lib/state); it listens on one transport and serves each initiator in its
+// own session: authenticate, register the region on that connection only,
+// then record Commits and answer PersistRequests until the initiator leaves.
+// One writer per volume; a second is refused while the first is connected.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "config/config.h"
+
+namespace pmirror::target {
+
+struct TargetOptions {
+  // A session that sends nothing for this long is ended (initiators send
+  // heartbeats while idle), so a silently dead writer does not keep its
+  // volume claimed for ever.
+  std::chrono::milliseconds session_timeout{15000};
+  // Time allowed for the handshake (Hello through AuthResponse).
+  std::chrono::milliseconds handshake_timeout{10000};
+  // How often a volume's progress (last applied sequence) is written to the
+  // state pool while a session runs. A pmemobj transaction costs
+  // milliseconds on a plain file; the data itself is durable regardless.
+  std::chrono::milliseconds checkpoint_interval{100};
+};
+
+// What `status` shows about one volume.
+struct VolumeStatus {
+  std::string name;
+  std::string path;
+  uint64_t size = 0;
+  bool is_pmem = false;
+  uint32_t methods = 0;        // protocol::PersistMethod bits offered
+  std::string writer;          // identity@address of the connected writer, empty if none
+  uint64_t generation = 0;
+  uint64_t last_sequence = 0;  // last sequence recorded in the state pool
+};
+
+class Target {
+ public:
+  // Maps every volume, opens (creating if needed) the state pool and binds
+  // the listener. Fails without serving anything if any volume cannot be
+  // served: a half-started daemon hides mistakes.
+  static Result<std::unique_ptr<Target>> start(const config::DaemonConfig& config,
+                                               const TargetOptions& options = {});
+  ~Target();
+  Target(const Target&) = delete;
+  Target& operator=(const Target&) = delete;
+
+  // Accepts and serves initiators until stop(). Returns when every session
+  // has ended and the state pool has been brought up to date.
+  Status run();
+  // Thread-safe; makes run() return. Sessions are told Goodbye-style by
+  // closing their connections.
+  void stop();
+
+  uint16_t port() const;
+  std::vector<VolumeStatus> status() const;
+
+  class Impl;
+
+ private:
+  explicit Target(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pmirror::target

@@ -1,0 +1,54 @@
+// Shared between target.cpp (the daemon's accept loop) and
+// target_session.cpp (one initiator's session).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "config/config.h"
+#include "region/region.h"
+#include "state/state.h"
+#include "target/target.h"
+#include "transport/transport.h"
+
+namespace pmirror::target {
+
+struct ServedVolume {
+  config::VolumeConfig config;
+  std::unique_ptr<region::Region> region;
+  uint32_t methods = 0;  // protocol::PersistMethod bits this target guarantees
+
+  std::mutex mutex;
+  std::string writer;  // identity@address of the session holding the volume; guarded by mutex
+
+  // The writer's progress, published by its session and written to the
+  // state pool by the recorder (Checkpointer) -- a pmemobj transaction costs
+  // milliseconds on a plain file, far too much for every persist.
+  std::atomic<uint64_t> generation{0};
+  std::atomic<uint64_t> applied_sequence{0};
+  std::string writer_identity;  // guarded by mutex
+  std::mutex record_mutex;      // one state-pool update of this volume at a time
+  uint64_t recorded_sequence = 0;  // guarded by record_mutex
+};
+
+// Writes a volume's published progress to the state pool if it moved.
+Status checkpoint(state::StateStore& state, ServedVolume& volume);
+
+// Everything a session needs from the daemon.
+struct SessionContext {
+  const TargetOptions& options;
+  state::StateStore& state;
+  std::function<ServedVolume*(const std::string& name)> find_volume;
+  const std::atomic<bool>& stopping;
+};
+
+// Serves one initiator until it leaves, errs, or the daemon stops.
+void serve_session(SessionContext& context, std::unique_ptr<transport::Connection> connection);
+
+// Which persistency methods a volume may promise on this transport.
+uint32_t offered_methods(transport::Kind kind, const config::VolumeConfig& volume,
+                         const region::Region& region);
+
+}  // namespace pmirror::target
