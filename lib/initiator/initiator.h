@@ -1,0 +1,114 @@
+// libpmirror's C++ API: what an application links.
+//
+//   pmirror::initiator::VolumeOptions options;
+//   options.name = "db0";
+//   options.local_path = "/mnt/pmem/db0";
+//   options.identity = "app1";
+//   options.replicas = {{"10.0.0.2", 7450, pmirror::transport::Kind::kRdma, secret}};
+//   auto volume = pmirror::initiator::Volume::open(options);
+//   if (!volume.ok()) { ... volume.status().message() ... }
+//   std::memcpy((*volume)->data() + 4096, record, n);
+//   Status s = (*volume)->persist(4096, n);  // durable locally and on every replica
+//
+// Each persist is written to every replica in parallel: one-sided Writes of
+// the range, then -- where the target guarantees APM -- an 8-byte Read on
+// the same connection as the flush and a Commit carrying the bookkeeping;
+// elsewhere (GPSPM) a PersistRequest that the target answers once it has
+// persisted the range itself.
+//
+// Thread safety: all methods may be called from several threads; persists
+// are then serialised. The bytes of a range must not change while its
+// persist is in flight (as with pmem_persist, a concurrent store may or may
+// not reach the replicas).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "transport/transport.h"
+
+namespace pmirror::initiator {
+
+struct ReplicaSpec {
+  std::string address;
+  uint16_t port = 7450;
+  transport::Kind transport = transport::Kind::kTcp;
+  std::string secret;  // the volume's shared secret on that target
+};
+
+enum class MethodPreference {
+  kAuto,   // APM where the target guarantees it, GPSPM otherwise
+  kGpspm,  // always ask the target to persist (Send/Recv)
+};
+
+struct VolumeOptions {
+  std::string name;        // the volume's name on the targets
+  std::string local_path;  // the local copy: devdax, a file on fsdax, or a plain file
+  uint64_t size = 0;       // 0: use the existing local copy's size
+  bool create = false;     // create the local file if missing
+  std::string identity;    // who we are to the targets (their allowed_peers)
+  std::vector<ReplicaSpec> replicas;
+  MethodPreference method = MethodPreference::kAuto;
+  uint32_t max_in_flight = 32;  // asynchronous persists outstanding before persist_async waits
+  std::chrono::milliseconds connect_timeout{5000};
+  // How long a persist waits for a replica before calling it failed.
+  std::chrono::milliseconds operation_timeout{10000};
+  // While idle, each replica is pinged this often, so that the target keeps
+  // the session and a dead target is noticed.
+  std::chrono::milliseconds heartbeat_interval{2000};
+};
+
+enum class ReplicaState { kConnected, kFailed, kClosed };
+std::string_view replica_state_name(ReplicaState state);
+
+struct ReplicaStatus {
+  std::string address;  // host:port
+  transport::Kind transport = transport::Kind::kTcp;
+  ReplicaState state = ReplicaState::kClosed;
+  std::string method;   // "apm" or "gpspm"
+  uint64_t generation = 0;
+  uint64_t acknowledged_sequence = 0;  // highest sequence durable on the replica
+  std::string last_error;
+};
+
+class Volume {
+ public:
+  // Maps the local copy, connects and authenticates to every replica (in
+  // parallel), and checks that each replica's region has the local size.
+  // Any replica failing: the error names it and nothing is left open.
+  static Result<std::unique_ptr<Volume>> open(const VolumeOptions& options);
+  ~Volume();  // drains, says Goodbye, disconnects
+  Volume(const Volume&) = delete;
+  Volume& operator=(const Volume&) = delete;
+
+  std::byte* data() const;
+  uint64_t size() const;
+  bool is_pmem() const;
+
+  // Durable locally and on every replica when it returns ok. On error, the
+  // message names the replica and why; that replica stays failed.
+  Status persist(uint64_t offset, uint64_t length);
+  // memcpy into the mapping, then persist.
+  Status write(uint64_t offset, const void* source, uint64_t length);
+
+  // Starts a persist and returns its sequence number; completes in order.
+  Result<uint64_t> persist_async(uint64_t offset, uint64_t length);
+  // Returns once every persist up to `sequence` is durable everywhere.
+  Status wait(uint64_t sequence);
+  Status drain();  // wait for everything started so far
+
+  std::vector<ReplicaStatus> replicas() const;
+
+  class Impl;
+
+ private:
+  explicit Volume(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pmirror::initiator

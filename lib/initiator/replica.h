@@ -1,0 +1,85 @@
+// One replica of an open volume, as the initiator sees it: its connection,
+// the registrations the data path uses, and the persists in flight to it.
+// Not thread-safe: the Volume serialises access.
+#pragma once
+
+#include <array>
+#include <deque>
+#include <memory>
+#include <string>
+
+#include "initiator/initiator.h"
+#include "protocol/protocol.h"
+#include "session/session.h"
+#include "transport/transport.h"
+
+namespace pmirror::initiator {
+
+class Replica {
+ public:
+  struct Setup {
+    const VolumeOptions& options;
+    const ReplicaSpec& spec;
+    std::byte* local_base;
+    uint64_t local_size;
+  };
+  // Connects, authenticates both ways, checks the remote size, and
+  // registers the local copy. Errors name the replica.
+  static Result<std::unique_ptr<Replica>> connect(const Setup& setup);
+  ~Replica();
+
+  const std::string& label() const { return label_; }
+  uint64_t last_sequence() const { return remote_last_sequence_; }
+  bool failed() const { return state_ != ReplicaState::kConnected; }
+  const Status& error() const { return error_; }
+  uint64_t done_upto() const { return done_upto_; }
+
+  // Posts the Writes and the flush (APM Read + Commit, or PersistRequest)
+  // for one persist. Waits only if the target has no free receive slot.
+  Status post_persist(uint64_t sequence, uint64_t offset, uint64_t length);
+  // Returns once `sequence` is durable on the replica, or it failed.
+  Status wait_for(uint64_t sequence);
+  // Pings if nothing is in flight; used while the volume is idle.
+  Status heartbeat();
+  // Orderly close: drains, says Goodbye, disconnects.
+  void close();
+
+  ReplicaStatus status() const;
+
+ private:
+  Replica(const Setup& setup);
+  Status handshake(const Setup& setup);
+  Status fail(Status why);
+  // Processes completions for up to `timeout`.
+  Status pump(std::chrono::milliseconds timeout);
+  Status handle_message(const protocol::Message& message);
+  Status handle_completion(const transport::Completion& completion);
+  // Retries a post while the send queue is full.
+  Status post_with_retry(const std::function<Status()>& post);
+
+  std::string label_;
+  ReplicaSpec spec_;
+  std::chrono::milliseconds operation_timeout_;
+  // Declared in creation order: registrations go before the connection.
+  std::unique_ptr<transport::Connection> connection_;
+  std::unique_ptr<session::Messenger> messenger_;
+  alignas(64) std::array<std::byte, 64> flush_buffer_{};
+  std::unique_ptr<transport::MemoryRegion> local_region_;
+  std::unique_ptr<transport::MemoryRegion> flush_region_;
+
+  transport::RemoteKey remote_;
+  uint64_t remote_size_ = 0;
+  bool apm_ = false;
+  uint64_t generation_ = 0;
+  uint64_t remote_last_sequence_ = 0;
+  uint32_t credits_ = 0;
+  std::deque<uint64_t> in_flight_;
+  uint64_t done_upto_ = 0;
+  uint64_t acknowledged_ = 0;
+  uint64_t ping_token_ = 0;
+  bool ping_outstanding_ = false;
+  ReplicaState state_ = ReplicaState::kClosed;
+  Status error_;
+};
+
+}  // namespace pmirror::initiator
