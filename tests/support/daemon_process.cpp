@@ -1,0 +1,187 @@
+#include "support/daemon_process.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace pmirror::testing {
+
+TempDir::TempDir() {
+  std::random_device rd;
+  auto base = std::filesystem::temp_directory_path();
+  for (int i = 0; i < 100; ++i) {
+    auto candidate = base / ("pmirror-test-" + std::to_string(getpid()) + "-" +
+                             std::to_string(rd() % 1000000));
+    if (std::filesystem::create_directory(candidate)) {
+      path_ = candidate;
+      return;
+    }
+  }
+  throw std::runtime_error("cannot create a temp dir under " + base.string());
+}
+
+TempDir::~TempDir() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
+
+uint16_t free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string daemon_binary() { return PMIRROR_DAEMON_PATH; }
+
+std::vector<uint8_t> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+DaemonProcess::DaemonProcess(std::string dir, std::vector<VolumeSpec> volumes,
+                             std::string transport, std::string address)
+    : dir_(std::move(dir)),
+      volumes_(std::move(volumes)),
+      transport_(std::move(transport)),
+      address_(std::move(address)) {
+  config_path_ = dir_ + "/pmirrord.yaml";
+  log_path_ = dir_ + "/pmirrord.log";
+}
+
+DaemonProcess::~DaemonProcess() { kill9(); }
+
+bool DaemonProcess::start() {
+  if (port_ == 0) port_ = free_port();
+  {
+    std::ofstream out(config_path_);
+    out << "daemon:\n"
+        << "  listen: " << address_ << "\n"
+        << "  port: " << port_ << "\n"
+        << "  transport: " << transport_ << "\n"
+        << "  state_pool: " << dir_ << "/pmirrord.state\n"
+        << "  log_level: debug\n"
+        << "volumes:\n";
+    for (const auto& v : volumes_) {
+      out << "  - name: " << v.name << "\n"
+          << "    path: " << v.path << "\n"
+          << "    size: " << v.size << "\n"
+          << "    create: true\n"
+          << "    allowed_peers: [";
+      for (size_t i = 0; i < v.allowed_peers.size(); ++i) {
+        out << (i ? ", " : "") << v.allowed_peers[i];
+      }
+      out << "]\n"
+          << "    secret: \"" << v.secret << "\"\n"
+          << "    apm: " << v.apm << "\n";
+    }
+  }
+  log_offset_ = log().size();  // a restart appends to the same log
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    int log = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    ::dup2(log, 1);
+    ::dup2(log, 2);
+    std::string binary = daemon_binary();
+    ::execl(binary.c_str(), binary.c_str(), "--config", config_path_.c_str(), "--foreground",
+            nullptr);
+    ::_exit(127);
+  }
+  // The first start may create volumes and the state pool: give it time.
+  // Readiness is read from the log, not probed with a connection: an rdma
+  // listener does not answer tcp, and a probe would be logged as a failed
+  // session.
+  const std::string ready = "listening on " + address_ + ":" + std::to_string(port_);
+  for (int i = 0; i < 600; ++i) {
+    if (!running()) return false;
+    if (log().find(ready, log_offset_) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+bool DaemonProcess::running() {
+  if (pid_ <= 0) return false;
+  int status = 0;
+  if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+    pid_ = -1;
+    return false;
+  }
+  return true;
+}
+
+void DaemonProcess::kill9() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGKILL);
+  int status = 0;
+  ::waitpid(pid_, &status, 0);
+  pid_ = -1;
+}
+
+int DaemonProcess::terminate() {
+  if (pid_ <= 0) return -1;
+  ::kill(pid_, SIGTERM);
+  int status = 0;
+  for (int i = 0; i < 200; ++i) {
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  kill9();
+  return -1;
+}
+
+std::string DaemonProcess::log() const {
+  std::ifstream in(log_path_);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int run_daemon_to_exit(const std::vector<std::string>& args, std::string& output) {
+  int pipe_fds[2];
+  if (::pipe(pipe_fds) != 0) return -1;
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(pipe_fds[1], 1);
+    ::dup2(pipe_fds[1], 2);
+    ::close(pipe_fds[0]);
+    std::string binary = daemon_binary();
+    std::vector<char*> argv;
+    argv.push_back(binary.data());
+    std::vector<std::string> copies = args;
+    for (auto& a : copies) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(binary.c_str(), argv.data());
+    ::_exit(127);
+  }
+  ::close(pipe_fds[1]);
+  char buffer[4096];
+  ssize_t n;
+  while ((n = ::read(pipe_fds[0], buffer, sizeof buffer)) > 0) output.append(buffer, n);
+  ::close(pipe_fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace pmirror::testing
