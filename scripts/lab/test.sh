@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The rdma tests, in the QEMU lab: sets the lab up (idempotent), then
+#  1. one guest with Soft-RoCE and NVDIMMs: the rdma transport tests and the
+#     data-path integration tests over rdma (devdax + file targets, fsdax
+#     start-up check);
+#  2. two guests joined by a link with packet loss: a mirrored stream across
+#     nodes, compared by SHA-256.
+# Needs a build (scripts/build.sh) in $PMIRROR_BUILD_DIR (default build/).
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+build=${PMIRROR_BUILD_DIR:-$repo/build}
+loss=${PMIRROR_LAB_LOSS:-1%}
+[[ -x $build/daemon/pmirrord ]] || { echo "no build in $build: run scripts/build.sh" >&2; exit 1; }
+
+"$repo/scripts/lab/setup.sh"
+
+echo "== lab: one guest (rxe0 + NVDIMMs): rdma transport and data path"
+"$repo/scripts/lab/run.sh" --nvdimm --timeout 1500 -- \
+  "$repo/scripts/lab/tests/guest-data-path.sh" "$build"
+
+echo "== lab: two guests, $loss packet loss: mirrored stream across nodes"
+shared="$build/lab-shared.$$"
+rm -rf "$shared" && mkdir -p "$shared"
+trap 'rm -rf "$shared"' EXIT
+"$repo/scripts/lab/run2.sh" --nvdimm --loss "$loss" --timeout 900 --rw "$shared" \
+  --a "$repo/scripts/lab/tests/two-node-loss.sh $build $shared" \
+  --b "$repo/scripts/lab/tests/two-node-loss.sh $build $shared"
+echo "lab: all passed"

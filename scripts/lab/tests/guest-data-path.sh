@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs INSIDE one lab guest (scripts/lab/run.sh --nvdimm): the data-path
+# integration tests over rdma (rxe0), the first target on devdax, the second
+# on a plain file; the fsdax start-up check; the rdma transport tests.
+set -euo pipefail
+build=${1:?usage: guest-data-path.sh BUILD_DIR}
+: "${PMIRROR_LAB_SELF:?not in a lab guest}"
+: "${PMIRROR_LAB_DAX_DEV:?run with --nvdimm}"
+
+export PMIRROR_TEST_TRANSPORT=rdma
+export PMIRROR_TEST_ADDRESS=$PMIRROR_LAB_SELF
+export PMIRROR_TEST_DAX=$PMIRROR_LAB_DAX_DEV
+export PMIRROR_TEST_FSDAX_DIR=$PMIRROR_LAB_PMEM_DIR
+# The guest CPU is 5-20x slower than the host: fewer, still thousands.
+export PMIRROR_TEST_PERSISTS=${PMIRROR_TEST_PERSISTS:-2000}
+ulimit -l unlimited
+
+echo "== rdma transport tests (rxe0, devdax, fsdax)"
+"$build/tests/unit/transport_rdma/transport_rdma_test" --gtest_brief=1
+echo "== data path over rdma (devdax target + file target)"
+"$build/tests/integration/data_path_test" --gtest_brief=1 --gtest_filter='DataPathTest.*:DaemonTest.Fsdax*'
