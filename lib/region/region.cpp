@@ -243,6 +243,8 @@ Result<std::unique_ptr<Region>> Region::open(const OpenOptions& options) {
                         " bytes, smaller than the configured size " + std::to_string(options.size) +
                         " bytes; lower size: or use 0");
     }
+    // A volume may use the first `size` bytes of a larger device.
+    if (options.size != 0) region->size_ = options.size;
   } else {
     region->backing_ = region->is_pmem_ ? Backing::kFsdaxFile : Backing::kPlainFile;
     if (mapped_len != static_cast<uint64_t>(st.st_size)) {

@@ -25,7 +25,8 @@ struct OpenOptions {
   std::string path;
   // Expected size in bytes, a multiple of kPageSize. 0 with create=false: use
   // the existing size. Required (non-zero) with create=true.
-  // For devdax the device's size is used; a non-zero size must not exceed it.
+  // For devdax, 0 means the whole device; a non-zero size must not exceed
+  // it, and the volume is then the device's first `size` bytes.
   uint64_t size = 0;
   // Create the file (sparse, size bytes) if it does not exist. Never
   // truncates or resizes an existing file: a wrong size is an error.
