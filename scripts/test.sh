@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what pmirror needs, builds it, and runs every test: unit and
-# integration tests (ctest), the same under ASan+UBSan, and the quick start.
+# integration tests (ctest), the same under ASan+UBSan, the quick start, and
+# the rdma tests in the QEMU lab (scripts/lab/test.sh).
 # Run as root on Debian 12. `.ci/run` calls this.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -20,3 +21,8 @@ fi
 
 echo "== quick start"
 PMIRROR_PORT=${PMIRROR_PORT:-17450} "$repo/scripts/quickstart.sh"
+
+if [[ ${PMIRROR_SKIP_LAB:-0} != 1 ]]; then
+  echo "== rdma tests in the QEMU lab (Soft-RoCE + NVDIMMs)"
+  "$repo/scripts/lab/test.sh"
+fi
