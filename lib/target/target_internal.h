@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -22,6 +23,11 @@ struct ServedVolume {
 
   std::mutex mutex;
   std::string writer;  // identity@address of the session holding the volume; guarded by mutex
+  // The writer's session has ended and is writing its last checkpoint: a
+  // new writer waits for it rather than being refused (an initiator that
+  // closes and reopens at once must not see "busy").
+  bool writer_leaving = false;  // guarded by mutex
+  std::condition_variable writer_released;
 
   // The writer's progress, published by its session and written to the
   // state pool by the recorder (Checkpointer) -- a pmemobj transaction costs

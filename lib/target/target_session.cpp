@@ -20,17 +20,31 @@ using Clock = std::chrono::steady_clock;
 class WriterClaim {
  public:
   WriterClaim() = default;
-  ~WriterClaim() {
+  ~WriterClaim() { release(); }
+  void release() {
+    if (volume_ == nullptr) return;
+    {
+      std::lock_guard lock(volume_->mutex);
+      volume_->writer.clear();
+      volume_->writer_leaving = false;
+    }
+    volume_->writer_released.notify_all();
+    volume_ = nullptr;
+  }
+  // The session is over; only its last checkpoint is left to write.
+  void leaving() {
     if (volume_ == nullptr) return;
     std::lock_guard lock(volume_->mutex);
-    volume_->writer.clear();
+    volume_->writer_leaving = true;
   }
   WriterClaim(const WriterClaim&) = delete;
   WriterClaim& operator=(const WriterClaim&) = delete;
 
   // false: somebody else writes; `holder` says who.
   bool try_claim(ServedVolume& volume, const std::string& who, std::string& holder) {
-    std::lock_guard lock(volume.mutex);
+    std::unique_lock lock(volume.mutex);
+    volume.writer_released.wait_for(lock, std::chrono::seconds(5),
+                                    [&] { return volume.writer.empty() || !volume.writer_leaving; });
     if (!volume.writer.empty()) {
       holder = volume.writer;
       return false;
@@ -256,12 +270,14 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
       }
     }
   }
+  registration->reset();  // revoke the initiator's access before anything else
+  connection->shutdown();
+  claim.leaving();
   if (Status saved = checkpoint(context.state, *volume); !saved.ok()) {
     spdlog::error("{}: volume {}: recording sequence {}: {}", who, name, book.last_sequence,
                   saved.to_string());
   }
-  registration->reset();  // revoke the initiator's access before anything else
-  connection->shutdown();
+  claim.release();
   spdlog::info("{}: volume {}: session closed at sequence {}: {}", who, name, book.last_sequence,
                end_reason);
 }
