@@ -38,7 +38,7 @@ echo "kernel:  $(uname -srm)"
 echo "cpu:     $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
 echo "memory:  $(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
 echo "load:    $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min; other work skews the tails)"
-echo "commit:  $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+echo "commit:  $(git -C "$repo" describe --always --dirty 2>/dev/null || echo unknown)"
 
 # run NAME ARGS...: one pmirror-bench run, its table to stdout and, unless
 # PMIRROR_BENCH_OUT is "-", to NAME.txt and NAME.json in the results folder.

@@ -1,0 +1,810 @@
+// pmirror-bench: measures persist latency and throughput through libpmirror
+// over a matrix of record sizes x replica counts x persists in flight, and,
+// next to each size, the round trip of a plain TCP ping-pong of the same
+// message size over loopback, so that pmirror's overhead over the raw
+// transport shows as a ratio. docs/benchmarks.md describes the method.
+//
+//   # self-contained: starts 2 pmirrord on loopback, volumes in /dev/shm
+//   pmirror-bench --spawn-targets 2 --json results.json
+//   # against running targets
+//   pmirror-bench --replica 10.0.0.2:7450 --replica 10.0.0.3:7450 --secret S
+//       --volume db0 --local /mnt/pmem/db0 --size 1GiB --transport rdma
+//
+// Latency of one persist:
+//   depth 1   persist() timed with steady_clock around the call.
+//   depth D   persist_async() keeps up to D persists outstanding. When the
+//             window is full the benchmark wait()s for the oldest; an op's
+//             latency runs from its persist_async() call until the return of
+//             the first wait() that covers it (completion is in order).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/statfs.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "config/config.h"
+#include "initiator/initiator.h"
+
+namespace {
+
+using namespace pmirror;
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::json;
+
+std::atomic<bool> g_interrupted{false};
+
+void on_interrupt(int) { g_interrupted = true; }
+
+// ---------------------------------------------------------------- statistics
+
+struct Summary {
+  size_t count = 0;
+  double p50 = 0, p99 = 0, p999 = 0, mean = 0, min = 0, max = 0;  // microseconds
+};
+
+// Nearest-rank percentiles of the samples (microseconds).
+Summary summarize(std::vector<double> samples) {
+  Summary s;
+  s.count = samples.size();
+  if (samples.empty()) return s;
+  std::sort(samples.begin(), samples.end());
+  auto rank = [&](double p) {
+    size_t r = static_cast<size_t>(std::ceil(p * static_cast<double>(samples.size())));
+    return samples[std::clamp<size_t>(r, 1, samples.size()) - 1];
+  };
+  s.p50 = rank(0.50);
+  s.p99 = rank(0.99);
+  s.p999 = rank(0.999);
+  s.min = samples.front();
+  s.max = samples.back();
+  double total = 0;
+  for (double v : samples) total += v;
+  s.mean = total / static_cast<double>(samples.size());
+  return s;
+}
+
+double micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+
+Json summary_json(const Summary& s) {
+  return Json{{"samples", s.count}, {"p50_us", s.p50}, {"p99_us", s.p99}, {"p999_us", s.p999},
+              {"mean_us", s.mean},  {"min_us", s.min}, {"max_us", s.max}};
+}
+
+std::string size_label(uint64_t bytes) {
+  if (bytes >= 1024 * 1024 && bytes % (1024 * 1024) == 0) {
+    return std::to_string(bytes / (1024 * 1024)) + " MiB";
+  }
+  if (bytes >= 1024 && bytes % 1024 == 0) return std::to_string(bytes / 1024) + " KiB";
+  return std::to_string(bytes) + " B";
+}
+
+// ------------------------------------------------------------- machine facts
+
+std::string read_first_line_with(const std::string& path, const std::string& key) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key, 0) == 0) {
+      auto colon = line.find(':');
+      if (colon == std::string::npos) return line;
+      auto value = line.substr(colon + 1);
+      value.erase(0, value.find_first_not_of(" \t"));
+      return value;
+    }
+  }
+  return "unknown";
+}
+
+std::string filesystem_of(const std::string& dir) {
+  struct statfs fs {};
+  if (::statfs(dir.c_str(), &fs) != 0) return "unknown";
+  switch (static_cast<unsigned long>(fs.f_type)) {
+    case 0x01021994UL:
+      return "tmpfs";
+    case 0xEF53UL:
+      return "ext4";
+    case 0x58465342UL:
+      return "xfs";
+    case 0x9123683EUL:
+      return "btrfs";
+    case 0x794C7630UL:
+      return "overlayfs";
+    default: {
+      char buffer[32];
+      std::snprintf(buffer, sizeof buffer, "0x%lx", static_cast<unsigned long>(fs.f_type));
+      return buffer;
+    }
+  }
+}
+
+// "1.23 0.98 0.50": the 1, 5 and 15 minute load averages.
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five, fifteen;
+  in >> one >> five >> fifteen;
+  return one + " " + five + " " + fifteen;
+}
+
+Json machine_facts() {
+  struct utsname u {};
+  ::uname(&u);
+  return Json{{"nproc", std::thread::hardware_concurrency()},
+              {"kernel", std::string(u.sysname) + " " + u.release},
+              {"machine", u.machine},
+              {"cpu_model", read_first_line_with("/proc/cpuinfo", "model name")}};
+}
+
+// ------------------------------------------------------- TCP ping-pong baseline
+
+bool read_exactly(int fd, std::byte* data, size_t n) {
+  while (n > 0) {
+    ssize_t got = ::recv(fd, data, n, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    data += got;
+    n -= static_cast<size_t>(got);
+  }
+  return true;
+}
+
+bool write_exactly(int fd, const std::byte* data, size_t n) {
+  while (n > 0) {
+    ssize_t put = ::send(fd, data, n, MSG_NOSIGNAL);
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) return false;
+    data += put;
+    n -= static_cast<size_t>(put);
+  }
+  return true;
+}
+
+void set_nodelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+// An echo server thread on 127.0.0.1 and a client in this thread: the
+// client sends `size` bytes, the server reads all of them and sends them
+// back; one round trip is timed from before send to after the last byte.
+Result<Summary> tcp_ping_pong(uint64_t size, uint64_t warmup, uint64_t iterations,
+                              double& seconds) {
+  int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (listener < 0) return Status(Errc::kIoError, std::string("socket: ") + strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::listen(listener, 1) != 0 ||
+      ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ::close(listener);
+    return Status(Errc::kIoError, std::string("ping-pong listener: ") + strerror(errno));
+  }
+  std::thread server([listener, size] {
+    int fd = ::accept(listener, nullptr, nullptr);
+    if (fd < 0) return;
+    set_nodelay(fd);
+    std::vector<std::byte> buffer(size);
+    while (read_exactly(fd, buffer.data(), size) && write_exactly(fd, buffer.data(), size)) {
+    }
+    ::close(fd);
+  });
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  bool connected = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  if (!connected) {
+    ::shutdown(listener, SHUT_RDWR);
+  } else {
+    set_nodelay(fd);
+  }
+  std::vector<std::byte> out(size, std::byte{0x5a});
+  std::vector<std::byte> in(size);
+  std::vector<double> samples;
+  samples.reserve(iterations);
+  bool ok = connected;
+  Clock::time_point started;
+  for (uint64_t i = 0; ok && i < warmup + iterations; ++i) {
+    if (i == warmup) started = Clock::now();
+    out[0] = static_cast<std::byte>(i);
+    auto t0 = Clock::now();
+    ok = write_exactly(fd, out.data(), size) && read_exactly(fd, in.data(), size);
+    auto t1 = Clock::now();
+    if (i >= warmup) samples.push_back(micros(t1 - t0));
+  }
+  seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  if (fd >= 0) ::close(fd);
+  server.join();
+  ::close(listener);
+  if (!ok) return Status(Errc::kIoError, "tcp ping-pong over 127.0.0.1 failed");
+  return summarize(std::move(samples));
+}
+
+// ---------------------------------------------------------- spawned targets
+
+uint16_t free_port(const std::string& address) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  ::inet_pton(AF_INET, address.c_str(), &addr.sin_addr);
+  socklen_t len = sizeof addr;
+  uint16_t port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// One pmirrord serving one volume, with its config, state pool, log and
+// volume file in its own folder.
+class SpawnedTarget {
+ public:
+  SpawnedTarget(std::string daemon, std::string dir, std::string address, std::string transport)
+      : daemon_(std::move(daemon)),
+        dir_(std::move(dir)),
+        address_(std::move(address)),
+        transport_(std::move(transport)) {}
+  ~SpawnedTarget() { stop(); }
+  SpawnedTarget(const SpawnedTarget&) = delete;
+  SpawnedTarget& operator=(const SpawnedTarget&) = delete;
+
+  Status start(const std::string& volume, uint64_t size, const std::string& identity,
+               const std::string& secret) {
+    port_ = free_port(address_);
+    if (port_ == 0) {
+      return Status(Errc::kIoError, "no free port on " + address_ + ": " + strerror(errno));
+    }
+    std::filesystem::create_directories(dir_);
+    std::string config = dir_ + "/pmirrord.yaml";
+    log_ = dir_ + "/pmirrord.log";
+    {
+      std::ofstream out(config);
+      out << "daemon:\n"
+          << "  listen: " << address_ << "\n"
+          << "  port: " << port_ << "\n"
+          << "  transport: " << transport_ << "\n"
+          << "  state_pool: " << dir_ << "/pmirrord.state\n"
+          << "  log_level: info\n"
+          << "volumes:\n"
+          << "  - name: " << volume << "\n"
+          << "    path: " << dir_ << "/replica.img\n"
+          << "    size: " << size << "\n"
+          << "    create: true\n"
+          << "    allowed_peers: [" << identity << "]\n"
+          << "    secret: \"" << secret << "\"\n";
+      if (!out) return Status(Errc::kIoError, "cannot write " + config);
+    }
+    pid_t parent = ::getpid();
+    pid_ = ::fork();
+    if (pid_ < 0) return Status(Errc::kIoError, std::string("fork: ") + strerror(errno));
+    if (pid_ == 0) {
+      // Die with the benchmark, however it ends.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != parent) ::_exit(1);
+      int log = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      ::dup2(log, 1);
+      ::dup2(log, 2);
+      ::execl(daemon_.c_str(), daemon_.c_str(), "--config", config.c_str(), nullptr);
+      ::_exit(127);
+    }
+    // Ready once it logs that it listens (works for tcp and rdma alike).
+    for (int i = 0; i < 600; ++i) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return Status(Errc::kIoError,
+                      "pmirrord exited while starting; its log (" + log_ + "):\n" + slurp(log_));
+      }
+      if (slurp(log_).find("listening on") != std::string::npos) return Status::Ok();
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    return Status(Errc::kTimeout,
+                  "pmirrord did not listen within 15 s; its log (" + log_ + "):\n" + slurp(log_));
+  }
+
+  void stop() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
+    int status = 0;
+    for (int i = 0; i < 200; ++i) {
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+  }
+
+  std::string endpoint() const { return address_ + ":" + std::to_string(port_); }
+
+ private:
+  std::string daemon_;
+  std::string dir_;
+  std::string address_;
+  std::string transport_;
+  std::string log_;
+  uint16_t port_ = 0;
+  pid_t pid_ = -1;
+};
+
+// --------------------------------------------------------------- the matrix
+
+struct Cell {
+  uint64_t size = 0;
+  size_t replicas = 0;
+  uint32_t depth = 0;
+  uint64_t iterations = 0;
+  Summary latency;
+  double seconds = 0;
+  double persists_per_second() const { return seconds > 0 ? latency.count / seconds : 0; }
+  double mib_per_second() const {
+    return persists_per_second() * static_cast<double>(size) / (1024.0 * 1024.0);
+  }
+};
+
+struct PingPong {
+  Summary rtt;
+  double seconds = 0;
+};
+
+// Writes an 8-byte stamp at both ends of the record, so that every persist
+// carries fresh bytes without the benchmark timing a full memset.
+void stamp(std::byte* record, uint64_t size, uint64_t value) {
+  std::memcpy(record, &value, std::min<uint64_t>(8, size));
+  if (size >= 16) std::memcpy(record + size - 8, &value, 8);
+}
+
+// Runs `warmup` then `iterations` persists of `size` bytes at depth `depth`.
+Result<Cell> run_cell(initiator::Volume& volume, size_t replicas, uint64_t size, uint32_t depth,
+                      uint64_t warmup, uint64_t iterations, uint64_t& counter) {
+  const uint64_t slots = volume.size() / size;
+  std::byte* base = volume.data();
+  auto next_offset = [&] { return (counter++ % slots) * size; };
+  std::vector<double> samples;
+  samples.reserve(iterations);
+  Cell cell{size, replicas, depth, iterations, {}, 0};
+
+  auto run_phase = [&](uint64_t n, bool record) -> Status {
+    if (depth == 1) {
+      for (uint64_t i = 0; i < n; ++i) {
+        if (g_interrupted) return Status(Errc::kClosed, "interrupted");
+        uint64_t offset = next_offset();
+        stamp(base + offset, size, counter);
+        auto t0 = Clock::now();
+        Status persisted = volume.persist(offset, size);
+        auto t1 = Clock::now();
+        if (!persisted.ok()) return persisted;
+        if (record) samples.push_back(micros(t1 - t0));
+      }
+      return Status::Ok();
+    }
+    struct Pending {
+      uint64_t sequence;
+      Clock::time_point started;
+    };
+    std::deque<Pending> window;
+    auto retire_oldest = [&]() -> Status {
+      Status waited = volume.wait(window.front().sequence);
+      auto now = Clock::now();
+      if (!waited.ok()) return waited;
+      if (record) samples.push_back(micros(now - window.front().started));
+      window.pop_front();
+      return Status::Ok();
+    };
+    for (uint64_t i = 0; i < n; ++i) {
+      if (g_interrupted) return Status(Errc::kClosed, "interrupted");
+      if (window.size() == depth) PMIRROR_RETURN_IF_ERROR(retire_oldest());
+      uint64_t offset = next_offset();
+      stamp(base + offset, size, counter);
+      auto t0 = Clock::now();
+      auto sequence = volume.persist_async(offset, size);
+      if (!sequence.ok()) return sequence.status();
+      window.push_back({*sequence, t0});
+    }
+    while (!window.empty()) PMIRROR_RETURN_IF_ERROR(retire_oldest());
+    return Status::Ok();
+  };
+
+  PMIRROR_RETURN_IF_ERROR(run_phase(warmup, false));
+  auto started = Clock::now();
+  PMIRROR_RETURN_IF_ERROR(run_phase(iterations, true));
+  cell.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  cell.latency = summarize(std::move(samples));
+  return cell;
+}
+
+// Writes the whole volume once (random bytes, 64 KiB persists, 32 in
+// flight), so that no measured persist pays for first-touch page faults on
+// either side.
+Status prefill(initiator::Volume& volume) {
+  std::mt19937_64 rng(42);
+  auto* words = reinterpret_cast<uint64_t*>(volume.data());
+  for (uint64_t i = 0; i < volume.size() / 8; ++i) words[i] = rng();
+  const uint64_t chunk = 64 * 1024;
+  for (uint64_t offset = 0; offset < volume.size(); offset += chunk) {
+    auto started = volume.persist_async(offset, std::min(chunk, volume.size() - offset));
+    if (!started.ok()) return started.status().with_context("prefill");
+  }
+  return volume.drain().with_context("prefill");
+}
+
+uint64_t default_iterations(uint64_t size) {
+  if (size <= 4096) return 10000;
+  if (size <= 16384) return 5000;
+  return 3000;
+}
+
+std::string random_secret() {
+  std::random_device rd;
+  std::string secret;
+  const char* hex = "0123456789abcdef";
+  for (int i = 0; i < 48; ++i) secret += hex[rd() % 16];
+  return secret;
+}
+
+struct Endpoint {
+  std::string host;
+  uint16_t port = 0;
+};
+
+Result<Endpoint> parse_endpoint(const std::string& text) {
+  auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return Status(Errc::kInvalidArgument, "--replica " + text + ": expected HOST:PORT");
+  }
+  try {
+    unsigned long port = std::stoul(text.substr(colon + 1));
+    if (port == 0 || port > 65535) throw std::out_of_range("port");
+    return Endpoint{text.substr(0, colon), static_cast<uint16_t>(port)};
+  } catch (const std::exception&) {
+    return Status(Errc::kInvalidArgument, "--replica " + text + ": bad port");
+  }
+}
+
+void print_rule(int width) {
+  std::printf("%s\n", std::string(static_cast<size_t>(width), '-').c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "pmirror-bench: persist latency and throughput of libpmirror over sizes x replicas x "
+      "persists in flight, next to a plain TCP ping-pong of the same sizes"};
+  std::vector<std::string> replica_args;
+  std::string secret;
+  std::string volume_name = "bench";
+  std::string local_path;
+  std::string size_text = "64MiB";
+  std::string transport_name = "tcp";
+  std::string address = "127.0.0.1";
+  std::string identity = "bench";
+  std::string method_name = "auto";
+  int spawn_targets = 0;
+  std::string daemon_path = PMIRROR_BENCH_DAEMON_PATH;
+  std::string data_dir = "/dev/shm";
+  bool keep = false;
+  std::vector<std::string> size_args = {"64", "256", "1KiB", "4KiB", "16KiB", "64KiB"};
+  std::vector<uint32_t> depths = {1, 4, 16, 32};
+  std::vector<size_t> replica_counts;
+  std::optional<uint64_t> iterations_override;
+  uint64_t warmup = 500;
+  std::string json_path;
+
+  auto* replica_option =
+      app.add_option("--replica", replica_args, "a running target as HOST:PORT (repeat for more)");
+  app.add_option("--secret", secret, "the volume's shared secret on the --replica targets");
+  app.add_option("--volume", volume_name, "volume name on the targets")->capture_default_str();
+  app.add_option("--local", local_path,
+                 "local copy (created if missing); spawn mode: DIR/…/local.img");
+  app.add_option("--size", size_text, "volume size")->capture_default_str();
+  app.add_option("--transport", transport_name, "tcp|rdma")->capture_default_str();
+  app.add_option("--address", address,
+                 "spawn mode: address the targets listen on (rdma: the RDMA device's IP)")
+      ->capture_default_str();
+  app.add_option("--identity", identity, "who we are to the targets")->capture_default_str();
+  app.add_option("--method", method_name, "auto (APM where offered) | gpspm")
+      ->capture_default_str();
+  app.add_option("--spawn-targets", spawn_targets,
+                 "start N pmirrord on free ports with generated configs, then stop them")
+      ->excludes(replica_option)
+      ->check(CLI::Range(1, 16));
+  app.add_option("--pmirrord", daemon_path, "pmirrord binary for --spawn-targets")
+      ->capture_default_str();
+  app.add_option("--dir", data_dir,
+                 "spawn mode: where volume files, state pools and logs go (/dev/shm keeps msync "
+                 "off the disk)")
+      ->capture_default_str();
+  app.add_flag("--keep", keep, "spawn mode: keep the work folder (configs, logs, volumes)");
+  app.add_option("--sizes", size_args, "record sizes (e.g. 64,4KiB)")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--depths", depths, "persists in flight (1 = synchronous persist())")
+      ->delimiter(',')
+      ->check(CLI::Range(1u, 1024u))
+      ->capture_default_str();
+  app.add_option("--replicas-list", replica_counts,
+                 "replica counts to measure, each using the first K targets (default 1,2 capped "
+                 "at the targets available)")
+      ->delimiter(',')
+      ->check(CLI::Range(size_t{1}, size_t{16}));
+  app.add_option("--iterations", iterations_override,
+                 "measured persists per cell (default: 10000 up to 4 KiB, 5000 up to 16 KiB, 3000 "
+                 "above)");
+  app.add_option("--warmup", warmup, "unmeasured persists before each cell")->capture_default_str();
+  app.add_option("--json", json_path, "also write the results as JSON to FILE");
+  CLI11_PARSE(app, argc, argv);
+
+  auto fail = [](const std::string& what) {
+    std::fprintf(stderr, "pmirror-bench: %s\n", what.c_str());
+    return 1;
+  };
+  auto kind = transport::parse_kind(transport_name);
+  if (!kind.ok()) return fail("--transport: " + kind.status().message());
+  auto volume_size = config::parse_size(size_text);
+  if (!volume_size.ok()) return fail("--size: " + volume_size.status().message());
+  if (method_name != "auto" && method_name != "gpspm") return fail("--method: auto or gpspm");
+  std::vector<uint64_t> sizes;
+  for (const auto& text : size_args) {
+    auto size = config::parse_size(text);
+    if (!size.ok() || *size == 0) return fail("--sizes " + text + ": not a size");
+    sizes.push_back(*size);
+  }
+  const uint32_t max_depth = *std::max_element(depths.begin(), depths.end());
+  for (uint64_t size : sizes) {
+    if (*volume_size / size < 2ull * max_depth) {
+      return fail("--size " + size_text + " holds too few records of " + size_label(size) +
+                  " for " + std::to_string(max_depth) + " in flight");
+    }
+  }
+  if (spawn_targets == 0 && replica_args.empty()) {
+    return fail(
+        "give --spawn-targets N (self-contained) or --replica HOST:PORT (running "
+        "targets); see --help");
+  }
+  if (!replica_args.empty() && (secret.empty() || local_path.empty())) {
+    return fail("--replica needs --secret and --local");
+  }
+  const size_t available =
+      spawn_targets > 0 ? static_cast<size_t>(spawn_targets) : replica_args.size();
+  if (replica_counts.empty()) {
+    for (size_t k = 1; k <= std::min<size_t>(2, available); ++k) replica_counts.push_back(k);
+  }
+  for (size_t k : replica_counts) {
+    if (k > available) {
+      return fail("--replicas-list asks for " + std::to_string(k) + " replicas but only " +
+                  std::to_string(available) + " target(s) are available");
+    }
+  }
+
+  std::signal(SIGINT, on_interrupt);
+  std::signal(SIGTERM, on_interrupt);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  // Spawn mode: a work folder under --dir holding one folder per target and
+  // the local copy.
+  std::vector<std::unique_ptr<SpawnedTarget>> targets;
+  std::string work_dir;
+  struct RemoveWorkDir {
+    std::string* path;
+    bool* keep;
+    ~RemoveWorkDir() {
+      if (path->empty()) return;
+      if (*keep) {
+        std::printf("kept %s\n", path->c_str());
+        return;
+      }
+      std::error_code ignored;
+      std::filesystem::remove_all(*path, ignored);
+    }
+  } remove_work_dir{&work_dir, &keep};
+  std::vector<Endpoint> endpoints;
+  if (spawn_targets > 0) {
+    if (::access(daemon_path.c_str(), X_OK) != 0) {
+      return fail("--pmirrord " + daemon_path + ": not an executable");
+    }
+    std::string pattern = data_dir + "/pmirror-bench.XXXXXX";
+    std::vector<char> buffer(pattern.begin(), pattern.end());
+    buffer.push_back('\0');
+    if (::mkdtemp(buffer.data()) == nullptr) {
+      return fail("cannot create a work folder under --dir " + data_dir + ": " + strerror(errno));
+    }
+    work_dir = buffer.data();
+    secret = random_secret();
+    if (local_path.empty()) local_path = work_dir + "/local.img";
+    for (int i = 0; i < spawn_targets; ++i) {
+      targets.push_back(std::make_unique<SpawnedTarget>(
+          daemon_path, work_dir + "/target" + std::to_string(i), address, transport_name));
+      Status started = targets.back()->start(volume_name, *volume_size, identity, secret);
+      if (!started.ok())
+        return fail("starting target " + std::to_string(i) + ": " + started.message());
+      auto endpoint = parse_endpoint(targets.back()->endpoint());
+      endpoints.push_back(*endpoint);
+    }
+  } else {
+    for (const auto& text : replica_args) {
+      auto endpoint = parse_endpoint(text);
+      if (!endpoint.ok()) return fail(endpoint.status().message());
+      endpoints.push_back(*endpoint);
+    }
+  }
+
+  Json facts = machine_facts();
+  const std::string load_before = load_average();
+  std::string volume_dir = std::filesystem::path(local_path).parent_path().string();
+  if (volume_dir.empty()) volume_dir = ".";
+  std::string fs = filesystem_of(spawn_targets > 0 ? work_dir : volume_dir);
+  std::printf("pmirror-bench: %s, %zu target(s) %s, volume %s (%s)\n", transport_name.c_str(),
+              endpoints.size(), spawn_targets > 0 ? ("spawned on " + address).c_str() : "given",
+              size_text.c_str(),
+              spawn_targets > 0 ? ("files in " + data_dir + ", " + fs).c_str()
+                                : ("local copy " + local_path + ", " + fs).c_str());
+  std::printf("machine: %s, %s, %s cores\n", facts["cpu_model"].get<std::string>().c_str(),
+              facts["kernel"].get<std::string>().c_str(),
+              std::to_string(facts["nproc"].get<unsigned>()).c_str());
+  std::printf(
+      "latency in microseconds; depth 1 = persist(), depth D = persist_async() with D "
+      "in flight\n\n");
+
+  std::map<uint64_t, PingPong> ping_pongs;
+  std::vector<Cell> cells;
+  Json methods = Json::array();
+  uint64_t counter = 0;
+  const int kWidth = 118;
+  std::printf("%9s %4s %5s %6s %9s %9s %9s %9s %10s %9s %10s %7s\n", "size", "repl", "depth",
+              "iters", "p50", "p99", "p99.9", "max", "persists/s", "MiB/s", "tcp rtt50", "x rtt");
+  print_rule(kWidth);
+  for (size_t replicas : replica_counts) {
+    initiator::VolumeOptions options;
+    options.name = volume_name;
+    options.local_path = local_path;
+    options.size = *volume_size;
+    options.create = true;
+    options.identity = identity;
+    options.method = method_name == "gpspm" ? initiator::MethodPreference::kGpspm
+                                            : initiator::MethodPreference::kAuto;
+    options.max_in_flight = max_depth;
+    for (size_t i = 0; i < replicas; ++i) {
+      options.replicas.push_back({endpoints[i].host, endpoints[i].port, *kind, secret});
+    }
+    // A target releases the previous run's writer claim once it has seen
+    // that session end, which may be a moment after our Volume closed it.
+    auto volume = initiator::Volume::open(options);
+    for (int retry = 0; retry < 100 && !volume.ok() && volume.status().code() == Errc::kBusy;
+         ++retry) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      volume = initiator::Volume::open(options);
+    }
+    if (!volume.ok()) return fail(volume.status().message());
+    for (const auto& r : (*volume)->replicas()) {
+      methods.push_back(Json{{"replicas", replicas}, {"target", r.address}, {"method", r.method}});
+    }
+    Status filled = prefill(**volume);
+    if (!filled.ok()) return fail(filled.message());
+    for (uint64_t size : sizes) {
+      uint64_t iterations = iterations_override.value_or(default_iterations(size));
+      if (!ping_pongs.contains(size)) {
+        PingPong pp;
+        auto rtt = tcp_ping_pong(size, warmup, iterations, pp.seconds);
+        if (!rtt.ok()) return fail(rtt.status().message());
+        pp.rtt = *rtt;
+        ping_pongs[size] = pp;
+        std::printf("%9s %4s %5s %6llu %9.1f %9.1f %9.1f %9.1f %10.0f %9.1f %10s %7s\n",
+                    size_label(size).c_str(), "tcp", "1",
+                    static_cast<unsigned long long>(iterations), pp.rtt.p50, pp.rtt.p99,
+                    pp.rtt.p999, pp.rtt.max, pp.rtt.count / pp.seconds,
+                    pp.rtt.count / pp.seconds * static_cast<double>(size) / (1024.0 * 1024.0),
+                    "(ping-pong)", "");
+      }
+      for (uint32_t depth : depths) {
+        auto cell = run_cell(**volume, replicas, size, depth, warmup, iterations, counter);
+        if (!cell.ok()) return fail(cell.status().message());
+        const PingPong& pp = ping_pongs[size];
+        // The ratio is shown for depth 1 only: deeper windows add queueing
+        // to each op's latency by design (the JSON has it for every cell).
+        char ratio[16] = "-";
+        if (depth == 1 && pp.rtt.p50 > 0) {
+          std::snprintf(ratio, sizeof ratio, "%.2f", cell->latency.p50 / pp.rtt.p50);
+        }
+        std::printf("%9s %4zu %5u %6llu %9.1f %9.1f %9.1f %9.1f %10.0f %9.1f %10.1f %7s\n",
+                    size_label(size).c_str(), replicas, depth,
+                    static_cast<unsigned long long>(iterations), cell->latency.p50,
+                    cell->latency.p99, cell->latency.p999, cell->latency.max,
+                    cell->persists_per_second(), cell->mib_per_second(), pp.rtt.p50, ratio);
+        std::fflush(stdout);
+        cells.push_back(*cell);
+      }
+    }
+    print_rule(kWidth);
+  }
+  for (const auto& m : methods) {
+    std::printf("replicas=%d: %s uses %s\n", m["replicas"].get<int>(),
+                m["target"].get<std::string>().c_str(), m["method"].get<std::string>().c_str());
+  }
+  std::printf(
+      "tcp rtt50 = p50 round trip of a TCP ping-pong of the same size (127.0.0.1, TCP_NODELAY)\n"
+      "x rtt = persist p50 / tcp rtt50 (depth 1 only)\n");
+  std::string load_after = load_average();
+  std::printf("load average before %s, after %s (other work on the machine skews the tails)\n",
+              load_before.c_str(), load_after.c_str());
+
+  if (!json_path.empty()) {
+    Json out;
+    out["machine"] = facts;
+    out["machine"]["load_average_before"] = load_before;
+    out["machine"]["load_average_after"] = load_after;
+    out["setup"] = Json{{"transport", transport_name},
+                        {"mode", spawn_targets > 0 ? "spawn" : "replica"},
+                        {"targets", endpoints.size()},
+                        {"address", spawn_targets > 0 ? address : ""},
+                        {"data_dir", spawn_targets > 0 ? data_dir : volume_dir},
+                        {"data_fs", fs},
+                        {"volume_size", *volume_size},
+                        {"warmup", warmup},
+                        {"methods", methods}};
+    out["ping_pong"] = Json::array();
+    for (const auto& [size, pp] : ping_pongs) {
+      Json row = summary_json(pp.rtt);
+      row["size"] = size;
+      row["round_trips_per_s"] = pp.rtt.count / pp.seconds;
+      out["ping_pong"].push_back(row);
+    }
+    out["persist"] = Json::array();
+    for (const auto& cell : cells) {
+      Json row = summary_json(cell.latency);
+      row["size"] = cell.size;
+      row["replicas"] = cell.replicas;
+      row["depth"] = cell.depth;
+      row["api"] = cell.depth == 1 ? "persist" : "persist_async";
+      row["seconds"] = cell.seconds;
+      row["persists_per_s"] = cell.persists_per_second();
+      row["mib_per_s"] = cell.mib_per_second();
+      row["tcp_rtt_p50_us"] = ping_pongs[cell.size].rtt.p50;
+      row["p50_over_tcp_rtt_p50"] = ping_pongs[cell.size].rtt.p50 > 0
+                                        ? cell.latency.p50 / ping_pongs[cell.size].rtt.p50
+                                        : 0.0;
+      out["persist"].push_back(row);
+    }
+    std::ofstream file(json_path);
+    file << out.dump(2) << "\n";
+    if (!file) return fail("cannot write --json " + json_path);
+    std::printf("wrote %s\n", json_path.c_str());
+  }
+  return 0;
+}
