@@ -20,24 +20,39 @@ trap cleanup EXIT
 port=${PMIRROR_PORT:-7450}
 head -c 32 /dev/urandom | base64 > "$work/demo.secret"
 chmod 600 "$work/demo.secret"
-cat > "$work/pmirrord.yaml" <<YAML
+# The cluster file: node "demo-app" runs the initiator (pmirror-demo, no
+# daemon), node "demo-replica" runs pmirrord; both on this machine, so each
+# gets its own port and files. See config/cluster.example.yaml.
+cat > "$work/cluster.yaml" <<YAML
 daemon:
-  listen: 127.0.0.1
-  port: $port
-  transport: tcp
+  control_socket: $work/pmirrord.sock
   state_pool: $work/pmirrord.state
   log_level: info
+nodes:
+  - name: demo-app
+    address: 127.0.0.1
+    port: $((port + 1))
+    state_pool: $work/app.state
+    control_socket: $work/app.sock
+  - name: demo-replica
+    address: 127.0.0.1
+    port: $port
+    transport: tcp
 volumes:
   - name: demo
-    path: $work/replica.img
     size: 64MiB
+    primary: demo-app
+    replicas: [demo-replica]
+    paths:
+      demo-app: $work/local.img
+      demo-replica: $work/replica.img
     create: true
     allowed_peers: [demo]
     secret_file: $work/demo.secret
 YAML
 
-echo "== starting pmirrord (config $work/pmirrord.yaml)"
-"$bin/daemon/pmirrord" --config "$work/pmirrord.yaml" --foreground &
+echo "== starting pmirrord (config $work/cluster.yaml, node demo-replica)"
+"$bin/daemon/pmirrord" --config "$work/cluster.yaml" --node demo-replica --foreground &
 daemon_pid=$!
 for _ in $(seq 100); do
   (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break

@@ -1,27 +1,40 @@
-// pmirrord's configuration file (YAML, yaml-cpp). docs/config.md is the
-// reference. Every mistake is reported with the file, line and column and
-// what is wrong; unknown keys are errors (a typo must not silently become a
-// default).
+// The cluster configuration (YAML, yaml-cpp): ONE file, the same on every
+// node, describing the nodes, the volumes (who is primary, who holds
+// replicas, how many must acknowledge a persist) and the daemon settings.
+// docs/config.md is the reference; config/cluster.example.yaml a documented
+// three-node example.
 //
-//   daemon:
-//     listen: 127.0.0.1          # address to bind
-//     port: 7450
-//     transport: tcp             # tcp | rdma
-//     state_pool: /var/lib/pmirror/pmirrord.state   # libpmemobj pool
-//     log_level: info            # trace|debug|info|warn|error|critical|off
+//   daemon: {control_socket: /run/pmirror/pmirrord.sock, log_level: info}
+//   nodes:
+//     - {name: node1, address: 10.0.0.1, transport: rdma}
+//     - {name: node2, address: 10.0.0.2, transport: rdma}
 //   volumes:
 //     - name: db0
-//       path: /dev/dax0.0        # devdax, a file on fsdax, or a plain file
-//       size: 1GiB               # bytes, or with K/M/G/T[i]B suffix
-//       create: false            # create the file if missing (plain/fsdax)
-//       allowed_peers: [app1]    # identities allowed to open it
-//       secret_file: /etc/pmirror/db0.secret   # or `secret: "..."`
-//       apm: auto                # auto|on|off: may the target promise APM?
+//       size: 1GiB
+//       primary: node1            # where the application (libpmirror) runs
+//       replicas: [node2]         # where pmirrord serves copies
+//       path: /dev/dax0.0         # or paths: {node1: ..., node2: ...}
+//       allowed_peers: [app1]
+//       secret_file: /etc/pmirror/db0.secret
+//
+// Parsing is strict: unknown keys (with a "did you mean"), wrong types and
+// every cross-reference mistake are errors, all of them collected, each as
+// "FILE:LINE:COL: where: what". Secret files are read only where they are
+// needed (daemon_config_for / initiator_plan / check_cluster_file), because
+// a node need not hold the secrets of volumes it takes no part in.
+//
+// How a node uses it:
+//   pmirrord:   load_cluster_config -> resolve_node -> daemon_config_for
+//   libpmirror: load_cluster_config -> resolve_node -> initiator_plan
+//   pmirrorctl config check: check_cluster_file
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -29,14 +42,85 @@
 
 namespace pmirror::config {
 
+constexpr uint16_t kDefaultPort = 7450;
+
 // APM over rdma is only correct where the NIC writes straight into the
 // persistence domain (DDIO off or eADR). auto: promise it when the volume is
 // pmem; on: always (operator asserts the platform); off: never (GPSPM only).
 enum class ApmPolicy { kAuto, kOn, kOff };
 
+// What a primary does when fewer than `ack` replicas are reachable.
+// kFail: persists return an error; kBlock: persists wait for replicas.
+enum class InsufficientPolicy { kFail, kBlock };
+
+// "host:port" (IPv6 as "[::1]:9942").
+struct HostPort {
+  std::string host;
+  uint16_t port = 0;
+  std::string to_string() const;
+};
+
+// The `daemon` section: settings of every node's pmirrord. A node entry may
+// override state_pool, control_socket, log_level and metrics (see
+// NodeConfig::daemon); heartbeats and reconnects are cluster-wide because
+// peers must agree on them.
+struct DaemonSettings {
+  std::string control_socket = "/run/pmirror/pmirrord.sock";
+  std::string log_level = "info";
+  std::optional<HostPort> metrics;  // absent: no metrics endpoint
+  std::string state_pool = "/var/lib/pmirror/pmirrord.state";
+  std::chrono::milliseconds heartbeat_interval{1000};
+  std::chrono::milliseconds heartbeat_timeout{5000};
+  std::chrono::milliseconds reconnect_initial{200};
+  std::chrono::milliseconds reconnect_max{10000};
+};
+
+struct NodeConfig {
+  std::string name;
+  std::string address;  // where peers reach it
+  uint16_t port = kDefaultPort;
+  transport::Kind transport = transport::Kind::kTcp;
+  std::string listen;  // address pmirrord binds; defaults to `address`
+  // The cluster's daemon settings with this node's overrides applied.
+  DaemonSettings daemon;
+};
+
+struct ClusterVolume {
+  std::string name;
+  uint64_t size = 0;                  // required, a multiple of 4096
+  std::string primary;                // node name
+  std::vector<std::string> replicas;  // node names, in file order
+  uint32_t ack = 0;                   // 1..replicas.size(); default all
+  InsufficientPolicy on_insufficient = InsufficientPolicy::kFail;
+  std::map<std::string, std::string> paths;  // node -> path, for primary and every replica
+  bool create = false;
+  std::vector<std::string> allowed_peers;
+  ApmPolicy apm = ApmPolicy::kAuto;
+  std::string secret;       // inline `secret`; empty when `secret_file` is used
+  std::string secret_file;  // read by daemon_config_for / initiator_plan
+  // "FILE:LINE:COL" of the secret_file value and of each node's path, for
+  // problems found after parsing (reading the secret, checking a file).
+  std::string secret_file_at;
+  std::map<std::string, std::string> path_at;
+};
+
+struct ClusterConfig {
+  std::string source;  // the file name, for messages
+  std::string name;    // `cluster.name`, may be empty
+  DaemonSettings daemon;
+  std::vector<NodeConfig> nodes;
+  std::vector<ClusterVolume> volumes;
+
+  const NodeConfig* find_node(std::string_view name) const;
+  const ClusterVolume* find_volume(std::string_view name) const;
+};
+
+// ------------------------------------------------------ what pmirrord runs
+
+// One volume as a target serves it (lib/target).
 struct VolumeConfig {
   std::string name;
-  std::string path;
+  std::string path;  // this node's path
   uint64_t size = 0;
   bool create = false;
   std::vector<std::string> allowed_peers;
@@ -44,22 +128,96 @@ struct VolumeConfig {
   ApmPolicy apm = ApmPolicy::kAuto;
 };
 
+// Everything one node's pmirrord needs; built by daemon_config_for.
 struct DaemonConfig {
+  std::string node;  // this node's name
   std::string listen_address = "127.0.0.1";
-  uint16_t port = 7450;
+  uint16_t port = kDefaultPort;
   transport::Kind transport = transport::Kind::kTcp;
   std::string state_pool = "/var/lib/pmirror/pmirrord.state";
   std::string log_level = "info";
+  std::string control_socket = "/run/pmirror/pmirrord.sock";
+  std::optional<HostPort> metrics;
+  std::chrono::milliseconds heartbeat_interval{1000};
+  std::chrono::milliseconds heartbeat_timeout{5000};
+  std::chrono::milliseconds reconnect_initial{200};
+  std::chrono::milliseconds reconnect_max{10000};
+  // The volumes this node holds a replica of, with this node's path.
   std::vector<VolumeConfig> volumes;
+  // The whole cluster (peers, the volumes this node is primary of). Secrets
+  // of volumes not in `volumes` are not read.
+  ClusterConfig cluster;
 };
 
-// Parses and validates. Errors are kConfigError with "FILE:LINE:COL: what".
-Result<DaemonConfig> load_daemon_config(const std::string& path);
-Result<DaemonConfig> parse_daemon_config(const std::string& yaml_text,
-                                         const std::string& source_name = "<config>");
+// ------------------------------------------- what libpmirror needs (primary)
+
+struct ReplicaEndpoint {
+  std::string node;
+  std::string address;
+  uint16_t port = kDefaultPort;
+  transport::Kind transport = transport::Kind::kTcp;
+};
+
+struct InitiatorPlan {
+  std::string volume;
+  std::string node;        // the primary
+  std::string local_path;  // the primary's path
+  uint64_t size = 0;
+  bool create = false;
+  std::string secret;  // resolved; the same on every replica
+  std::vector<std::string> allowed_peers;
+  std::vector<ReplicaEndpoint> replicas;
+  uint32_t ack = 0;
+  InsufficientPolicy on_insufficient = InsufficientPolicy::kFail;
+  std::chrono::milliseconds heartbeat_interval{1000};
+  std::chrono::milliseconds heartbeat_timeout{5000};
+  std::chrono::milliseconds reconnect_initial{200};
+  std::chrono::milliseconds reconnect_max{10000};
+};
+
+// ------------------------------------------------------------------- API
+
+// Parses and validates everything that does not depend on the machine
+// (secret files are not read). Errors are kConfigError, one problem per
+// line, each "FILE:LINE:COL: where: what".
+Result<ClusterConfig> load_cluster_config(const std::string& path);
+Result<ClusterConfig> parse_cluster_config(const std::string& yaml_text,
+                                           const std::string& source_name = "<config>");
+
+// Which node this process is: `explicit_node` if given (it must be a node),
+// otherwise the node whose name equals the host name (or its part before
+// the first '.'). `hostname` empty: gethostname(). The error lists the node
+// names and says to use --node.
+Result<std::string> resolve_node(const ClusterConfig& cluster, std::string_view explicit_node,
+                                 std::string_view hostname = {});
+
+// pmirrord's configuration on `node`: its listen address/port/transport,
+// effective daemon settings, and every volume it is a replica of (secrets
+// read here; every problem reported at once).
+Result<DaemonConfig> daemon_config_for(const ClusterConfig& cluster, const std::string& node);
+
+// What libpmirror on `node` needs to open `volume`; `node` must be the
+// volume's primary.
+Result<InitiatorPlan> initiator_plan(const ClusterConfig& cluster, const std::string& volume,
+                                     const std::string& node);
+
+// For `pmirrorctl config check FILE [--node NAME]`: every problem in the
+// file, one "FILE:LINE:COL: where: what" string each; empty means valid.
+// Beyond parsing it reads secret files and compares the size of existing
+// plain files with the volume's size -- for `node` (explicit, else the node
+// matching this host name); when no node matches, every volume's secret
+// file is read and no local file is checked.
+std::vector<std::string> check_cluster_file(const std::string& path, std::string_view node = {});
 
 // "64MiB", "1G", "4096" -> bytes. Suffixes K,M,G,T with optional "iB"/"B",
 // all powers of 1024. Rejects negatives, fractions, overflow, junk.
 Result<uint64_t> parse_size(std::string_view text);
+
+// "200ms", "5s", "2m" -> milliseconds. A unit is required; whole numbers
+// only; zero is allowed here (callers decide).
+Result<std::chrono::milliseconds> parse_duration(std::string_view text);
+
+// "127.0.0.1:9942", "[::1]:9942", "metrics.local:9942".
+Result<HostPort> parse_host_port(std::string_view text);
 
 }  // namespace pmirror::config

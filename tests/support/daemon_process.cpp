@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -57,11 +58,12 @@ std::vector<uint8_t> read_file(const std::string& path) {
 }
 
 DaemonProcess::DaemonProcess(std::string dir, std::vector<VolumeSpec> volumes,
-                             std::string transport, std::string address)
+                             std::string transport, std::string address, std::string node)
     : dir_(std::move(dir)),
       volumes_(std::move(volumes)),
       transport_(std::move(transport)),
-      address_(std::move(address)) {
+      address_(std::move(address)),
+      node_(std::move(node)) {
   config_path_ = dir_ + "/pmirrord.yaml";
   log_path_ = dir_ + "/pmirrord.log";
 }
@@ -71,18 +73,30 @@ DaemonProcess::~DaemonProcess() { kill9(); }
 bool DaemonProcess::start() {
   if (port_ == 0) port_ = free_port();
   {
+    // The "app" node has no daemon; its port and files only have to differ
+    // from ours (nodes on one address may not share a port or files).
+    uint16_t app_port = port_ == 7450 ? 7451 : 7450;
     std::ofstream out(config_path_);
     out << "daemon:\n"
-        << "  listen: " << address_ << "\n"
-        << "  port: " << port_ << "\n"
-        << "  transport: " << transport_ << "\n"
+        << "  control_socket: " << dir_ << "/pmirrord.sock\n"
         << "  state_pool: " << dir_ << "/pmirrord.state\n"
         << "  log_level: debug\n"
+        << "nodes:\n"
+        << "  - {name: app, address: 127.0.0.1, port: " << app_port << ", state_pool: " << dir_
+        << "/app.state, control_socket: " << dir_ << "/app.sock}\n"
+        << "  - name: " << node_ << "\n"
+        << "    address: " << address_ << "\n"
+        << "    port: " << port_ << "\n"
+        << "    transport: " << transport_ << "\n"
         << "volumes:\n";
     for (const auto& v : volumes_) {
       out << "  - name: " << v.name << "\n"
-          << "    path: " << v.path << "\n"
           << "    size: " << v.size << "\n"
+          << "    primary: app\n"
+          << "    replicas: [" << node_ << "]\n"
+          << "    paths:\n"
+          << "      app: " << dir_ << "/app-" << v.name << ".img\n"
+          << "      " << node_ << ": " << v.path << "\n"
           << "    create: true\n"
           << "    allowed_peers: [";
       for (size_t i = 0; i < v.allowed_peers.size(); ++i) {
@@ -99,9 +113,13 @@ bool DaemonProcess::start() {
     int log = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     ::dup2(log, 1);
     ::dup2(log, 2);
+    for (const auto& [name, value] : env) {
+      std::string v = value == "{pid}" ? std::to_string(::getpid()) : value;
+      ::setenv(name.c_str(), v.c_str(), 1);
+    }
     std::string binary = daemon_binary();
-    ::execl(binary.c_str(), binary.c_str(), "--config", config_path_.c_str(), "--foreground",
-            nullptr);
+    ::execl(binary.c_str(), binary.c_str(), "--config", config_path_.c_str(), "--node",
+            node_.c_str(), "--foreground", nullptr);
     ::_exit(127);
   }
   // The first start may create volumes and the state pool: give it time.

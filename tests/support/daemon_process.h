@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pmirror::testing {
@@ -37,11 +38,14 @@ struct VolumeSpec {
   std::string apm = "auto";
 };
 
+// One pmirrord, a node of its own cluster file: the node `node` (this
+// daemon, replica of every volume) and the node "app" at 127.0.0.1, the
+// volumes' primary, where the test's initiator runs (no daemon there).
 class DaemonProcess {
  public:
   // dir: where the config, state pool and log go.
   DaemonProcess(std::string dir, std::vector<VolumeSpec> volumes, std::string transport = "tcp",
-                std::string address = "127.0.0.1");
+                std::string address = "127.0.0.1", std::string node = "target");
   ~DaemonProcess();  // SIGKILL if still running
 
   // Writes the config and starts the daemon; waits until the port accepts
@@ -52,6 +56,12 @@ class DaemonProcess {
   bool running();
 
   uint16_t port() const { return port_; }
+  pid_t pid() const { return pid_; }
+
+  // Extra environment for the daemon, set in the child before exec (e.g.
+  // NOTIFY_SOCKET). The value "{pid}" becomes the daemon's own pid (for
+  // WATCHDOG_PID, which must name the daemon).
+  std::vector<std::pair<std::string, std::string>> env;
   const std::string& config_path() const { return config_path_; }
   std::string log() const;  // everything it wrote to stdout/stderr
 
@@ -60,6 +70,7 @@ class DaemonProcess {
   std::vector<VolumeSpec> volumes_;
   std::string transport_;
   std::string address_;
+  std::string node_;
   uint16_t port_ = 0;
   std::string config_path_;
   std::string log_path_;

@@ -15,21 +15,26 @@ ulimit -l unlimited
 case "$PMIRROR_LAB_NODE" in
 a)
   "$build/tests/integration/pmirror-volume-tool" zero "$PMIRROR_LAB_DAX_DEV" "$size"
-  cat > /tmp/pmirrord.yaml <<YAML
+  # The cluster file both nodes would share: b is the primary (it runs
+  # pmirror-demo), a holds the replica.
+  cat > /tmp/cluster.yaml <<YAML
 daemon:
-  listen: $PMIRROR_LAB_SELF
-  port: 7450
-  transport: rdma
   state_pool: /tmp/pmirrord.state
+  control_socket: /tmp/pmirrord.sock
   log_level: info
+nodes:
+  - {name: a, address: $PMIRROR_LAB_SELF, port: 7450, transport: rdma}
+  - {name: b, address: $PMIRROR_LAB_PEER, port: 7450, transport: rdma}
 volumes:
   - name: lab
-    path: $PMIRROR_LAB_DAX_DEV
     size: $size
+    primary: b
+    replicas: [a]
+    paths: {a: $PMIRROR_LAB_DAX_DEV, b: /tmp/local.img}
     allowed_peers: [nodeb]
     secret: "$secret"
 YAML
-  "$build/daemon/pmirrord" --config /tmp/pmirrord.yaml &
+  "$build/daemon/pmirrord" --config /tmp/cluster.yaml --node a &
   daemon=$!
   for _ in $(seq 600); do
     [[ -f $shared/b.done ]] && break

@@ -9,12 +9,14 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pmirror::config {
 namespace {
 
 namespace fs = std::filesystem;
+using std::chrono::milliseconds;
 
 // A fresh directory per test, removed afterwards.
 class TempDir {
@@ -43,83 +45,331 @@ class TempDir {
 
 constexpr const char* kSecret = "0123456789abcdef0123";
 
-// A minimal valid volume, for configs that test something else.
-const std::string kVolume =
-    "volumes:\n"
-    "  - name: v\n"
-    "    path: /pmem/v\n"
-    "    allowed_peers: [app]\n"
-    "    secret: 0123456789abcdef\n";
+// Lines 1-4: three nodes.
+const std::string kNodes =
+    "nodes:\n"                              // 1
+    "  - {name: n1, address: 10.0.0.1}\n"   // 2
+    "  - {name: n2, address: 10.0.0.2}\n"   // 3
+    "  - {name: n3, address: 10.0.0.3}\n";  // 4
 
-TEST(ConfigTest, FullConfigParses) {
-  TempDir dir;
-  std::string secret_file = dir.write("db1.secret", std::string(kSecret) + "\n");
-  std::string text =
-      "daemon:\n"
-      "  listen: 10.0.0.5\n"
-      "  port: 9000\n"
-      "  transport: rdma\n"
-      "  state_pool: /pmem/state.pool\n"
-      "  log_level: debug\n"
-      "volumes:\n"
-      "  - name: db0\n"
-      "    path: /dev/dax0.0\n"
-      "    allowed_peers: [app1, app2]\n"
-      "    secret: \"" +
-      std::string(kSecret) +
-      "\"\n"
-      "    apm: on\n"
-      "  - name: db1.log_2-x\n"
-      "    path: /var/lib/pmirror/db1.img\n"
-      "    size: 64MiB\n"
-      "    create: true\n"
-      "    allowed_peers:\n"
-      "      - app1\n"
-      "    secret_file: " +
-      secret_file +
-      "\n"
-      "    apm: off\n";
-  auto config = parse_daemon_config(text, "full.yaml");
-  ASSERT_TRUE(config.ok()) << config.status().to_string();
-  EXPECT_EQ(config->listen_address, "10.0.0.5");
-  EXPECT_EQ(config->port, 9000);
-  EXPECT_EQ(config->transport, transport::Kind::kRdma);
-  EXPECT_EQ(config->state_pool, "/pmem/state.pool");
-  EXPECT_EQ(config->log_level, "debug");
-  ASSERT_EQ(config->volumes.size(), 2u);
-
-  const VolumeConfig& db0 = config->volumes[0];
-  EXPECT_EQ(db0.name, "db0");
-  EXPECT_EQ(db0.path, "/dev/dax0.0");
-  EXPECT_EQ(db0.size, 0u);
-  EXPECT_FALSE(db0.create);
-  EXPECT_EQ(db0.allowed_peers, (std::vector<std::string>{"app1", "app2"}));
-  EXPECT_EQ(db0.secret, kSecret);
-  EXPECT_EQ(db0.apm, ApmPolicy::kOn);
-
-  const VolumeConfig& db1 = config->volumes[1];
-  EXPECT_EQ(db1.name, "db1.log_2-x");
-  EXPECT_EQ(db1.path, "/var/lib/pmirror/db1.img");
-  EXPECT_EQ(db1.size, 64u << 20);
-  EXPECT_TRUE(db1.create);
-  EXPECT_EQ(db1.allowed_peers, (std::vector<std::string>{"app1"}));
-  EXPECT_EQ(db1.secret, kSecret);  // trailing newline stripped
-  EXPECT_EQ(db1.apm, ApmPolicy::kOff);
+// kNodes plus one volume "v" (lines 5-12); `changes` replace the value of a
+// key of the volume ("" drops the line), `extra` is appended (line 13 on).
+std::string with_volume(const std::vector<std::pair<std::string, std::string>>& changes = {},
+                        const std::string& extra = "") {
+  std::vector<std::pair<std::string, std::string>> body = {{"size", "1MiB"},                 // 7
+                                                           {"primary", "n1"},                // 8
+                                                           {"replicas", "[n2, n3]"},         // 9
+                                                           {"path", "/pmem/v"},              // 10
+                                                           {"allowed_peers", "[app]"},       // 11
+                                                           {"secret", "0123456789abcdef"}};  // 12
+  std::string text = kNodes + "volumes:\n  - name: v\n";                                     // 5, 6
+  for (auto& [key, value] : body) {
+    for (const auto& [changed, new_value] : changes) {
+      if (changed == key) value = new_value;
+    }
+    if (!value.empty()) text += "    " + key + ": " + value + "\n";
+  }
+  return text + extra;
 }
 
-TEST(ConfigTest, DefaultsApplyWhenDaemonSectionIsAbsentOrEmpty) {
-  for (const std::string& prefix : {std::string(), std::string("daemon:\n")}) {
-    auto config = parse_daemon_config(prefix + kVolume);
-    ASSERT_TRUE(config.ok()) << config.status().to_string();
-    DaemonConfig defaults;
-    EXPECT_EQ(config->listen_address, defaults.listen_address);
-    EXPECT_EQ(config->port, defaults.port);
-    EXPECT_EQ(config->transport, transport::Kind::kTcp);
-    EXPECT_EQ(config->state_pool, defaults.state_pool);
-    EXPECT_EQ(config->log_level, "info");
-    ASSERT_EQ(config->volumes.size(), 1u);
-    EXPECT_EQ(config->volumes[0].apm, ApmPolicy::kAuto);
-    EXPECT_FALSE(config->volumes[0].create);
+TEST(ClusterConfigTest, MinimalConfigTakesDefaults) {
+  auto config = parse_cluster_config(with_volume());
+  ASSERT_TRUE(config.ok()) << config.status().to_string();
+  EXPECT_EQ(config->source, "<config>");
+  EXPECT_EQ(config->name, "");
+  DaemonSettings defaults;
+  EXPECT_EQ(config->daemon.control_socket, defaults.control_socket);
+  EXPECT_EQ(config->daemon.state_pool, defaults.state_pool);
+  EXPECT_EQ(config->daemon.log_level, "info");
+  EXPECT_FALSE(config->daemon.metrics.has_value());
+  EXPECT_EQ(config->daemon.heartbeat_interval, milliseconds(1000));
+  EXPECT_EQ(config->daemon.heartbeat_timeout, milliseconds(5000));
+  EXPECT_EQ(config->daemon.reconnect_initial, milliseconds(200));
+  EXPECT_EQ(config->daemon.reconnect_max, milliseconds(10000));
+  ASSERT_EQ(config->nodes.size(), 3u);
+  EXPECT_EQ(config->nodes[0].port, 7450);
+  EXPECT_EQ(config->nodes[0].transport, transport::Kind::kTcp);
+  EXPECT_EQ(config->nodes[0].listen, "10.0.0.1");
+  ASSERT_EQ(config->volumes.size(), 1u);
+  const ClusterVolume& v = config->volumes[0];
+  EXPECT_EQ(v.ack, 2u);  // default: every replica
+  EXPECT_EQ(v.on_insufficient, InsufficientPolicy::kFail);
+  EXPECT_EQ(v.apm, ApmPolicy::kAuto);
+  EXPECT_FALSE(v.create);
+  EXPECT_EQ(v.paths, (std::map<std::string, std::string>{
+                         {"n1", "/pmem/v"}, {"n2", "/pmem/v"}, {"n3", "/pmem/v"}}));
+  EXPECT_EQ(v.path_at.at("n2"), "<config>:10:11");
+}
+
+// The three-node file of the reference, every key used.
+std::string full_config(const std::string& secret_file) {
+  return "cluster: {name: prod}\n"
+         "daemon:\n"
+         "  control_socket: /run/pm.sock\n"
+         "  log_level: debug\n"
+         "  metrics: 127.0.0.1:9942\n"
+         "  state_pool: /var/lib/pm.state\n"
+         "  heartbeat_interval: 500ms\n"
+         "  heartbeat_timeout: 3s\n"
+         "  reconnect_initial: 100ms\n"
+         "  reconnect_max: 1m\n"
+         "nodes:\n"
+         "  - {name: node1, address: 10.0.0.1, port: 7460, transport: rdma}\n"
+         "  - {name: node2, address: 10.0.0.2, listen: 0.0.0.0}\n"
+         "  - name: node3\n"
+         "    address: 'fe80::1'\n"
+         "    state_pool: /mnt/pmem/pm.state\n"
+         "    control_socket: /run/pm3.sock\n"
+         "    log_level: warn\n"
+         "    metrics: off\n"
+         "volumes:\n"
+         "  - name: db0\n"
+         "    size: 1GiB\n"
+         "    primary: node1\n"
+         "    replicas: [node2, node3]\n"
+         "    ack: 1\n"
+         "    on_insufficient: block\n"
+         "    paths: {node1: /dev/dax0.0, node2: /dev/dax1.0, node3: /mnt/pmem/db0}\n"
+         "    create: false\n"
+         "    allowed_peers: [app1, app2]\n"
+         "    secret_file: " +
+         secret_file +
+         "\n"
+         "    apm: on\n"
+         "  - name: log0\n"
+         "    size: 64MiB\n"
+         "    primary: node2\n"
+         "    replicas: [node3]\n"
+         "    path: /var/lib/pmirror/log0.img\n"
+         "    paths: {node3: /mnt/pmem/log0}\n"
+         "    create: true\n"
+         "    allowed_peers: [app3]\n"
+         "    secret: \"" +
+         kSecret +
+         "\"\n"
+         "    apm: off\n";
+}
+
+TEST(ClusterConfigTest, FullConfigParsesToTheExpectedStructs) {
+  TempDir dir;
+  std::string secret_file = dir.write("db0.secret", std::string(kSecret) + "\n");
+  auto config = parse_cluster_config(full_config(secret_file), "full.yaml");
+  ASSERT_TRUE(config.ok()) << config.status().to_string();
+  EXPECT_EQ(config->source, "full.yaml");
+  EXPECT_EQ(config->name, "prod");
+  EXPECT_EQ(config->daemon.control_socket, "/run/pm.sock");
+  EXPECT_EQ(config->daemon.log_level, "debug");
+  ASSERT_TRUE(config->daemon.metrics.has_value());
+  EXPECT_EQ(config->daemon.metrics->to_string(), "127.0.0.1:9942");
+  EXPECT_EQ(config->daemon.state_pool, "/var/lib/pm.state");
+  EXPECT_EQ(config->daemon.heartbeat_interval, milliseconds(500));
+  EXPECT_EQ(config->daemon.heartbeat_timeout, milliseconds(3000));
+  EXPECT_EQ(config->daemon.reconnect_initial, milliseconds(100));
+  EXPECT_EQ(config->daemon.reconnect_max, milliseconds(60000));
+
+  ASSERT_EQ(config->nodes.size(), 3u);
+  const NodeConfig& node1 = config->nodes[0];
+  EXPECT_EQ(node1.name, "node1");
+  EXPECT_EQ(node1.address, "10.0.0.1");
+  EXPECT_EQ(node1.listen, "10.0.0.1");
+  EXPECT_EQ(node1.port, 7460);
+  EXPECT_EQ(node1.transport, transport::Kind::kRdma);
+  EXPECT_EQ(node1.daemon.state_pool, "/var/lib/pm.state");  // inherited
+  EXPECT_EQ(config->nodes[1].listen, "0.0.0.0");
+  EXPECT_EQ(config->nodes[1].port, 7450);
+  const NodeConfig& node3 = config->nodes[2];
+  EXPECT_EQ(node3.address, "fe80::1");
+  EXPECT_EQ(node3.daemon.state_pool, "/mnt/pmem/pm.state");
+  EXPECT_EQ(node3.daemon.control_socket, "/run/pm3.sock");
+  EXPECT_EQ(node3.daemon.log_level, "warn");
+  EXPECT_FALSE(node3.daemon.metrics.has_value());
+  EXPECT_EQ(node3.daemon.heartbeat_interval, milliseconds(500));
+
+  ASSERT_EQ(config->volumes.size(), 2u);
+  const ClusterVolume& db0 = config->volumes[0];
+  EXPECT_EQ(db0.name, "db0");
+  EXPECT_EQ(db0.size, 1ull << 30);
+  EXPECT_EQ(db0.primary, "node1");
+  EXPECT_EQ(db0.replicas, (std::vector<std::string>{"node2", "node3"}));
+  EXPECT_EQ(db0.ack, 1u);
+  EXPECT_EQ(db0.on_insufficient, InsufficientPolicy::kBlock);
+  EXPECT_EQ(db0.paths,
+            (std::map<std::string, std::string>{
+                {"node1", "/dev/dax0.0"}, {"node2", "/dev/dax1.0"}, {"node3", "/mnt/pmem/db0"}}));
+  EXPECT_FALSE(db0.create);
+  EXPECT_EQ(db0.allowed_peers, (std::vector<std::string>{"app1", "app2"}));
+  EXPECT_EQ(db0.secret, "");  // read later, where needed
+  EXPECT_EQ(db0.secret_file, secret_file);
+  EXPECT_EQ(db0.secret_file_at, "full.yaml:30:18");
+  EXPECT_EQ(db0.apm, ApmPolicy::kOn);
+  const ClusterVolume& log0 = config->volumes[1];
+  EXPECT_EQ(log0.ack, 1u);
+  EXPECT_EQ(log0.paths, (std::map<std::string, std::string>{{"node2", "/var/lib/pmirror/log0.img"},
+                                                            {"node3", "/mnt/pmem/log0"}}));
+  EXPECT_TRUE(log0.create);
+  EXPECT_EQ(log0.secret, kSecret);
+  EXPECT_EQ(log0.apm, ApmPolicy::kOff);
+  EXPECT_EQ(config->find_node("node2"), &config->nodes[1]);
+  EXPECT_EQ(config->find_node("node9"), nullptr);
+  EXPECT_EQ(config->find_volume("log0"), &config->volumes[1]);
+}
+
+TEST(ClusterConfigTest, DaemonConfigForEachNode) {
+  TempDir dir;
+  std::string secret_file = dir.write("db0.secret", std::string(kSecret) + "\n");
+  auto cluster = parse_cluster_config(full_config(secret_file), "full.yaml");
+  ASSERT_TRUE(cluster.ok()) << cluster.status().to_string();
+
+  // node1 is only a primary: it serves nothing.
+  auto node1 = daemon_config_for(*cluster, "node1");
+  ASSERT_TRUE(node1.ok()) << node1.status().to_string();
+  EXPECT_EQ(node1->node, "node1");
+  EXPECT_EQ(node1->listen_address, "10.0.0.1");
+  EXPECT_EQ(node1->port, 7460);
+  EXPECT_EQ(node1->transport, transport::Kind::kRdma);
+  EXPECT_EQ(node1->state_pool, "/var/lib/pm.state");
+  EXPECT_EQ(node1->control_socket, "/run/pm.sock");
+  EXPECT_EQ(node1->log_level, "debug");
+  ASSERT_TRUE(node1->metrics.has_value());
+  EXPECT_EQ(node1->metrics->port, 9942);
+  EXPECT_EQ(node1->heartbeat_interval, milliseconds(500));
+  EXPECT_EQ(node1->heartbeat_timeout, milliseconds(3000));
+  EXPECT_EQ(node1->reconnect_initial, milliseconds(100));
+  EXPECT_EQ(node1->reconnect_max, milliseconds(60000));
+  EXPECT_TRUE(node1->volumes.empty());
+  EXPECT_EQ(node1->cluster.nodes.size(), 3u);
+
+  // node2: replica of db0, primary of log0.
+  auto node2 = daemon_config_for(*cluster, "node2");
+  ASSERT_TRUE(node2.ok()) << node2.status().to_string();
+  EXPECT_EQ(node2->listen_address, "0.0.0.0");
+  EXPECT_EQ(node2->port, 7450);
+  EXPECT_EQ(node2->transport, transport::Kind::kTcp);
+  ASSERT_EQ(node2->volumes.size(), 1u);
+  const VolumeConfig& db0 = node2->volumes[0];
+  EXPECT_EQ(db0.name, "db0");
+  EXPECT_EQ(db0.path, "/dev/dax1.0");
+  EXPECT_EQ(db0.size, 1ull << 30);
+  EXPECT_FALSE(db0.create);
+  EXPECT_EQ(db0.allowed_peers, (std::vector<std::string>{"app1", "app2"}));
+  EXPECT_EQ(db0.secret, kSecret);  // read from the file, newline stripped
+  EXPECT_EQ(db0.apm, ApmPolicy::kOn);
+
+  // node3: replica of both, with its overrides.
+  auto node3 = daemon_config_for(*cluster, "node3");
+  ASSERT_TRUE(node3.ok()) << node3.status().to_string();
+  EXPECT_EQ(node3->listen_address, "fe80::1");
+  EXPECT_EQ(node3->state_pool, "/mnt/pmem/pm.state");
+  EXPECT_EQ(node3->control_socket, "/run/pm3.sock");
+  EXPECT_EQ(node3->log_level, "warn");
+  EXPECT_FALSE(node3->metrics.has_value());
+  ASSERT_EQ(node3->volumes.size(), 2u);
+  EXPECT_EQ(node3->volumes[0].path, "/mnt/pmem/db0");
+  EXPECT_EQ(node3->volumes[1].name, "log0");
+  EXPECT_EQ(node3->volumes[1].path, "/mnt/pmem/log0");
+  EXPECT_EQ(node3->volumes[1].size, 64ull << 20);
+  EXPECT_TRUE(node3->volumes[1].create);
+  EXPECT_EQ(node3->volumes[1].secret, kSecret);
+  EXPECT_EQ(node3->volumes[1].apm, ApmPolicy::kOff);
+
+  auto unknown = daemon_config_for(*cluster, "node4");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().message(), "no node 'node4' in full.yaml; nodes: node1, node2, node3");
+}
+
+TEST(ClusterConfigTest, SecretsAreReadOnlyWhereNeeded) {
+  // db0's secret file is missing: node2 and node3 (replicas) and node1
+  // (its primary) cannot use db0, but node2 can still open log0 as primary.
+  auto cluster = parse_cluster_config(full_config("/nonexistent/db0.secret"), "full.yaml");
+  ASSERT_TRUE(cluster.ok()) << cluster.status().to_string();
+  auto node3 = daemon_config_for(*cluster, "node3");
+  ASSERT_FALSE(node3.ok());
+  EXPECT_EQ(node3.status().code(), Errc::kConfigError);
+  EXPECT_EQ(node3.status().message().rfind(
+                "full.yaml:30:18: volumes[0].secret_file: cannot open secret file "
+                "/nonexistent/db0.secret: No such file or directory; create it with `umask 077",
+                0),
+            0u)
+      << node3.status().message();
+  EXPECT_FALSE(daemon_config_for(*cluster, "node2").ok());
+  EXPECT_TRUE(daemon_config_for(*cluster, "node1").ok());
+  EXPECT_FALSE(initiator_plan(*cluster, "db0", "node1").ok());
+  EXPECT_TRUE(initiator_plan(*cluster, "log0", "node2").ok());
+}
+
+TEST(ClusterConfigTest, InitiatorPlanForThePrimary) {
+  TempDir dir;
+  std::string secret_file = dir.write("db0.secret", kSecret);
+  auto cluster = parse_cluster_config(full_config(secret_file), "full.yaml");
+  ASSERT_TRUE(cluster.ok()) << cluster.status().to_string();
+  auto plan = initiator_plan(*cluster, "db0", "node1");
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->volume, "db0");
+  EXPECT_EQ(plan->node, "node1");
+  EXPECT_EQ(plan->local_path, "/dev/dax0.0");
+  EXPECT_EQ(plan->size, 1ull << 30);
+  EXPECT_FALSE(plan->create);
+  EXPECT_EQ(plan->secret, kSecret);
+  EXPECT_EQ(plan->allowed_peers, (std::vector<std::string>{"app1", "app2"}));
+  EXPECT_EQ(plan->ack, 1u);
+  EXPECT_EQ(plan->on_insufficient, InsufficientPolicy::kBlock);
+  EXPECT_EQ(plan->heartbeat_interval, milliseconds(500));
+  EXPECT_EQ(plan->heartbeat_timeout, milliseconds(3000));
+  EXPECT_EQ(plan->reconnect_initial, milliseconds(100));
+  EXPECT_EQ(plan->reconnect_max, milliseconds(60000));
+  ASSERT_EQ(plan->replicas.size(), 2u);
+  EXPECT_EQ(plan->replicas[0].node, "node2");
+  EXPECT_EQ(plan->replicas[0].address, "10.0.0.2");  // `address`, not `listen`
+  EXPECT_EQ(plan->replicas[0].port, 7450);
+  EXPECT_EQ(plan->replicas[0].transport, transport::Kind::kTcp);
+  EXPECT_EQ(plan->replicas[1].node, "node3");
+  EXPECT_EQ(plan->replicas[1].address, "fe80::1");
+
+  auto log0 = initiator_plan(*cluster, "log0", "node2");
+  ASSERT_TRUE(log0.ok()) << log0.status().to_string();
+  EXPECT_EQ(log0->local_path, "/var/lib/pmirror/log0.img");
+  EXPECT_TRUE(log0->create);
+  EXPECT_EQ(log0->secret, kSecret);
+  ASSERT_EQ(log0->replicas.size(), 1u);
+  EXPECT_EQ(log0->replicas[0].node, "node3");
+
+  auto not_primary = initiator_plan(*cluster, "db0", "node2");
+  ASSERT_FALSE(not_primary.ok());
+  EXPECT_NE(not_primary.status().message().find(
+                "volume 'db0' has its primary on node 'node1', not on 'node2'"),
+            std::string::npos)
+      << not_primary.status().message();
+  auto no_volume = initiator_plan(*cluster, "db9", "node1");
+  ASSERT_FALSE(no_volume.ok());
+  EXPECT_EQ(no_volume.status().message(), "no volume 'db9' in full.yaml; volumes: db0, log0");
+}
+
+TEST(ClusterConfigTest, ResolveNode) {
+  auto cluster = parse_cluster_config(with_volume(), "c.yaml");
+  ASSERT_TRUE(cluster.ok()) << cluster.status().to_string();
+  // An explicit --node wins over the host name.
+  auto explicit_node = resolve_node(*cluster, "n2", "n1");
+  ASSERT_TRUE(explicit_node.ok());
+  EXPECT_EQ(*explicit_node, "n2");
+  auto wrong = resolve_node(*cluster, "n9", "n1");
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status().code(), Errc::kConfigError);
+  EXPECT_EQ(wrong.status().message(), "--node n9: no such node in c.yaml; nodes: n1, n2, n3");
+  // The host name, then its first label.
+  EXPECT_EQ(*resolve_node(*cluster, "", "n3"), "n3");
+  EXPECT_EQ(*resolve_node(*cluster, "", "n3.example.com"), "n3");
+  auto unknown = resolve_node(*cluster, "", "build-42.example.com");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().message(),
+            "this machine's host name 'build-42.example.com' is not a node in c.yaml (nodes: n1, "
+            "n2, n3); say which node this is with --node NAME");
+  // Without a host name given, gethostname() is used.
+  char host[256] = {};
+  ASSERT_EQ(::gethostname(host, sizeof host - 1), 0);
+  auto actual = resolve_node(*cluster, "");
+  if (std::string(host) != "n1" && std::string(host) != "n2" && std::string(host) != "n3") {
+    ASSERT_FALSE(actual.ok());
+    EXPECT_NE(actual.status().message().find(std::string("'") + host + "'"), std::string::npos);
   }
 }
 
@@ -131,102 +381,184 @@ struct BadConfig {
 };
 
 std::vector<BadConfig> bad_configs() {
-  const std::string v = kVolume;
-  // Volume prefix used by the volume-level cases; its items start on line 2.
-  const std::string vol = "volumes:\n  - name: v\n";
-  const std::string rest = "    allowed_peers: [app]\n    secret: 0123456789abcdef\n";
+  const std::string good = with_volume();
+  // A second volume "w" (lines 13-19) with the given path (line 17).
+  auto second = [](const std::string& path, const std::string& name = "w") {
+    return "  - name: " + name +
+           "\n"                    // 13
+           "    size: 1MiB\n"      // 14
+           "    primary: n1\n"     // 15
+           "    replicas: [n2]\n"  // 16
+           "    path: " +
+           path +
+           "\n"                               // 17
+           "    allowed_peers: [app]\n"       // 18
+           "    secret: 0123456789abcdef\n";  // 19
+  };
+  // with_volume, its `path:` line turned into `paths:`.
+  auto with_paths = [](const std::vector<std::pair<std::string, std::string>>& changes) {
+    std::string text = with_volume(changes);
+    return text.replace(text.find("    path:"), 9, "    paths:");
+  };
+  auto daemon = [&](const std::string& lines) { return "daemon:\n" + lines + good; };
+  // Nodes replaced by `nodes` (from line 1); a volume follows.
+  auto nodes = [](const std::string& nodes_text) {
+    return nodes_text +
+           "volumes:\n  - {name: v, size: 1MiB, primary: a, replicas: [b], path: /p, "
+           "allowed_peers: [app], secret: 0123456789abcdef}\n";
+  };
   return {
+      // The file as a whole.
       {"empty file", "", 0, "the configuration is empty"},
       {"only comments", "# nothing\n", 0, "the configuration is empty"},
-      {"syntax error", "daemon:\n  port: [1, 2\n", 3, "YAML syntax error"},
-      {"tab indentation", "daemon:\n\tport: 1\n", 2, "YAML syntax error"},
+      {"syntax error", "nodes:\n  - [1, 2\n", 3, "YAML syntax error"},
+      {"tab indentation", "nodes:\n\t- a\n", 2, "YAML syntax error"},
       {"top-level list", "- a\n- b\n", 1, "top level must be a map"},
-      {"top-level scalar", "hello\n", 1, "top level must be a map"},
-      {"two documents", v + "---\n" + v, 7, "single document"},
-      {"unknown top key", "deamon:\n  port: 1\n" + v, 1,
-       "unknown key 'deamon' (did you mean 'daemon'?); allowed keys: daemon, volumes"},
-      {"unknown daemon key", "daemon:\n  prot: 1\n" + v, 2,
-       "allowed keys: listen, port, transport, state_pool, log_level"},
-      {"duplicate daemon key", "daemon:\n  port: 1\n  port: 2\n" + v, 3,
-       "duplicate key 'port' (first at <config>:2:3)"},
-      {"daemon is a list", "daemon: [a]\n" + v, 1,
+      {"two documents", good + "---\n" + good, 14, "single document"},
+      {"unknown top key", "node:\n  - a\n" + good, 1,
+       "unknown key 'node' (did you mean 'nodes'?); allowed keys: cluster, daemon, nodes, "
+       "volumes"},
+      {"no nodes section", "volumes: []\n", 1, "no 'nodes' section"},
+      {"no volumes section", kNodes, 1, "no 'volumes' section"},
+      {"volumes empty", kNodes + "volumes: []\n", 5, "volumes: no volumes are listed"},
+      {"volumes a map", kNodes + "volumes:\n  v: 1\n", 6, "expected a list of volumes"},
+      {"cluster unknown key", "cluster: {nam: x}\n" + good, 1,
+       "cluster: unknown key 'nam' (did you mean 'name'?)"},
+      // daemon
+      {"unknown daemon key", daemon("  log_levle: info\n"), 2,
+       "daemon: unknown key 'log_levle' (did you mean 'log_level'?)"},
+      {"daemon a list", "daemon: [a]\n" + good, 1,
        "daemon: expected a map of settings, got a list"},
-      {"port zero", "daemon:\n  port: 0\n" + v, 2,
-       "daemon.port: expected a port number 1..65535, got '0'"},
-      {"port too big", "daemon:\n  port: 65536\n" + v, 2, "1..65535, got '65536'"},
-      {"port negative", "daemon:\n  port: -1\n" + v, 2, "got '-1'"},
-      {"port string", "daemon:\n  port: http\n" + v, 2, "got 'http'"},
-      {"port map", "daemon:\n  port: {a: 1}\n" + v, 2, "got a map"},
-      {"port null", "daemon:\n  port:\n" + v, 2, "got nothing (null)"},
-      {"bad transport", "daemon:\n  transport: udp\n" + v, 2, "'udp' is not one of tcp, rdma"},
-      {"bad log level", "daemon:\n  log_level: verbose\n" + v, 2,
-       "'verbose' is not one of trace, debug, info, warn, error, critical, off"},
-      {"relative state pool", "daemon:\n  state_pool: state.pool\n" + v, 2, "not an absolute path"},
-      {"empty listen", "daemon:\n  listen: ''\n" + v, 2, "daemon.listen: must not be empty"},
-      {"no volumes key", "daemon:\n  port: 1\n", 1, "no 'volumes' section"},
-      {"volumes null", "volumes:\n", 1, "no volumes are listed"},
-      {"volumes empty list", "volumes: []\n", 1, "the list is empty"},
-      {"volumes is a map", "volumes:\n  db0:\n    path: /x\n", 2, "expected a list of volumes"},
-      {"volume is a scalar", "volumes:\n  - db0\n", 2, "expected a map describing a volume"},
-      {"unknown volume key", vol + "    path: /p\n    sise: 1G\n" + rest, 4,
-       "volumes[0]: unknown key 'sise' (did you mean 'size'?)"},
-      {"missing name", "volumes:\n  - path: /p\n" + rest, 2, "missing required key 'name'"},
-      {"missing path", vol + rest, 2, "missing required key 'path'"},
-      {"bad volume name", "volumes:\n  - name: db/0\n    path: /p\n" + rest, 2,
-       "volumes[0].name: volume name 'db/0' contains a character that is not allowed"},
-      {"empty volume name", "volumes:\n  - name: ''\n    path: /p\n" + rest, 2,
-       "volume name must not be empty"},
-      {"long volume name",
-       "volumes:\n  - name: " + std::string(65, 'a') + "\n    path: /p\n" + rest, 2,
-       "at most 64 are allowed"},
-      {"relative path", vol + "    path: pmem/v\n" + rest, 3, "'pmem/v' is not an absolute path"},
-      {"duplicate name", vol + "    path: /a\n" + rest + "  - name: v\n    path: /b\n" + rest, 6,
-       "duplicate volume name 'v' (first defined at <config>:2:11)"},
-      {"duplicate path", vol + "    path: /a\n" + rest + "  - name: w\n    path: //a\n" + rest, 7,
-       "path '//a' is already used by another volume (at <config>:3:11)"},
-      {"fractional size", vol + "    path: /p\n    size: 1.5G\n" + rest, 4,
+      {"bad log level", daemon("  log_level: verbose\n"), 2,
+       "daemon.log_level: 'verbose' is not one of trace, debug, info, warn, error, critical, off"},
+      {"relative control socket", daemon("  control_socket: pm.sock\n"), 2,
+       "daemon.control_socket: 'pm.sock' is not an absolute path"},
+      {"control socket too long", daemon("  control_socket: /" + std::string(120, 's') + "\n"), 2,
+       "a unix socket path holds at most 107"},
+      {"relative state pool", daemon("  state_pool: state.pool\n"), 2, "not an absolute path"},
+      {"metrics without port", daemon("  metrics: localhost\n"), 2,
+       "daemon.metrics: invalid address 'localhost': expected HOST:PORT"},
+      {"metrics port zero", daemon("  metrics: 127.0.0.1:0\n"), 2,
+       "port must be a number 1..65535"},
+      {"metrics bare IPv6", daemon("  metrics: '::1:9942'\n"), 2, "in brackets"},
+      {"duration without unit", daemon("  heartbeat_interval: 5\n"), 2,
+       "daemon.heartbeat_interval: invalid duration '5': a unit is required"},
+      {"fractional duration", daemon("  heartbeat_timeout: 1.5s\n"), 2,
        "fractions are not allowed"},
-      {"junk size", vol + "    path: /p\n    size: lots\n" + rest, 4, "invalid size 'lots'"},
-      {"zero size", vol + "    path: /p\n    size: 0\n" + rest, 4, "greater than zero"},
-      {"size is a list", vol + "    path: /p\n    size: [1]\n" + rest, 4, "got a list"},
-      {"create without size", vol + "    path: /p\n    create: true\n" + rest, 4,
-       "create: true needs a size"},
-      {"create yes", vol + "    path: /p\n    create: yes\n" + rest, 4,
-       "expected true or false, got 'yes'"},
-      {"missing allowed_peers", vol + "    path: /p\n    secret: 0123456789abcdef\n", 2,
+      {"unknown duration unit", daemon("  reconnect_max: 10h\n"), 2, "unknown unit 'h'"},
+      {"zero duration", daemon("  reconnect_initial: 0ms\n"), 2, "must be greater than zero"},
+      {"timeout not above interval", daemon("  heartbeat_interval: 5s\n  heartbeat_timeout: 5s\n"),
+       3,
+       "daemon.heartbeat_timeout: the timeout (5000ms) must be longer than heartbeat_interval "
+       "(5000ms)"},
+      {"reconnect max below initial", daemon("  reconnect_initial: 20s\n  reconnect_max: 10s\n"), 3,
+       "reconnect_max (10000ms) must not be shorter than reconnect_initial (20000ms)"},
+      // nodes
+      {"nodes empty", "nodes: []\nvolumes: []\n", 1, "nodes: no nodes are listed"},
+      {"node is a scalar", nodes("nodes:\n  - a\n"), 2, "expected a map describing a node"},
+      {"node unknown key", nodes("nodes:\n  - {name: a, adress: 10.0.0.1}\n"), 2,
+       "nodes[0]: unknown key 'adress' (did you mean 'address'?)"},
+      {"node without address", nodes("nodes:\n  - {name: a}\n"), 2,
+       "nodes[0]: missing required key 'address'"},
+      {"node without name", nodes("nodes:\n  - {address: 10.0.0.1}\n"), 2,
+       "nodes[0]: missing required key 'name'"},
+      {"bad node name", nodes("nodes:\n  - {name: 'a b', address: 10.0.0.1}\n"), 2,
+       "nodes[0].name: node name 'a b' contains a character that is not allowed"},
+      {"port too big", nodes("nodes:\n  - {name: a, address: 10.0.0.1, port: 70000}\n"), 2,
+       "nodes[0].port: expected a port number 1..65535, got '70000'"},
+      {"port a list", nodes("nodes:\n  - {name: a, address: 10.0.0.1, port: [1]}\n"), 2,
+       "expected a port number 1..65535, got a list"},
+      {"bad transport", nodes("nodes:\n  - {name: a, address: 10.0.0.1, transport: udp}\n"), 2,
+       "nodes[0].transport: 'udp' is not one of tcp, rdma"},
+      {"port in the address", nodes("nodes:\n  - {name: a, address: '10.0.0.1:7450'}\n"), 2,
+       "write the port under 'port'"},
+      {"node log level", nodes("nodes:\n  - {name: a, address: 10.0.0.1, log_level: loud}\n"), 2,
+       "nodes[0].log_level: 'loud' is not one of"},
+      {"duplicate node name",
+       nodes("nodes:\n  - {name: a, address: 10.0.0.1}\n  - {name: a, address: 10.0.0.2}\n"), 3,
+       "nodes[1].name: duplicate node name 'a' (first defined at <config>:2:12)"},
+      {"duplicate address and port",
+       nodes("nodes:\n  - {name: a, address: 10.0.0.1}\n  - {name: b, address: 10.0.0.1, port: "
+             "7450}\n"),
+       3,
+       "nodes[1]: node 'b' uses 10.0.0.1:7450, as node 'a' does (at <config>:2:24); two daemons "
+       "cannot listen on the same address and port"},
+      {"nodes on one address share files",
+       nodes("nodes:\n  - {name: a, address: 10.0.0.1}\n  - {name: b, address: 10.0.0.1, port: "
+             "7451}\n"),
+       3,
+       "nodes 'a' and 'b' share the address 10.0.0.1 and the state_pool "
+       "/var/lib/pmirror/pmirrord.state; give one of them its own `state_pool:`"},
+      // volumes
+      {"volume is a scalar", kNodes + "volumes:\n  - v\n", 6, "expected a map describing a volume"},
+      {"unknown volume key", with_volume({}, "    replica: [n2]\n"), 13,
+       "volumes[0]: unknown key 'replica' (did you mean 'replicas'?)"},
+      {"duplicate volume key", with_volume({}, "    size: 2MiB\n"), 13,
+       "duplicate key 'size' (first at <config>:7:5)"},
+      {"duplicate volume name", good + second("/pmem/w", "v"), 13,
+       "volumes[1].name: duplicate volume name 'v' (first defined at <config>:6:11)"},
+      {"bad volume name",
+       kNodes + "volumes:\n  - name: db/0\n" + good.substr(good.find("    size")), 6,
+       "volume name 'db/0' contains a character that is not allowed"},
+      {"missing size", with_volume({{"size", ""}}), 6, "volumes[0]: missing required key 'size'"},
+      {"zero size", with_volume({{"size", "0"}}), 7, "volumes[0].size: invalid size '0'"},
+      {"fractional size", with_volume({{"size", "1.5G"}}), 7, "fractions are not allowed"},
+      {"size not a page multiple", with_volume({{"size", "1000"}}), 7,
+       "'1000' is 1000 bytes, not a multiple of 4096"},
+      {"size a list", with_volume({{"size", "[1]"}}), 7,
+       "expected a size such as 1GiB, got a list"},
+      {"missing primary", with_volume({{"primary", ""}}), 6, "missing required key 'primary'"},
+      {"primary not a node", with_volume({{"primary", "n9"}}), 8,
+       "volumes[0].primary: 'n9' is not a node; nodes: n1, n2, n3"},
+      {"replica not a node", with_volume({{"replicas", "[n2, n4]"}}), 9,
+       "volumes[0].replicas[1]: 'n4' is not a node; nodes: n1, n2, n3"},
+      {"primary also a replica", with_volume({{"replicas", "[n1, n2]"}}), 9,
+       "volumes[0].replicas[0]: 'n1' is the primary; the primary holds the local copy and cannot "
+       "also be a replica"},
+      {"replicas empty", with_volume({{"replicas", "[]"}}), 9,
+       "volumes[0].replicas: the list is empty; a volume needs at least one replica"},
+      {"replicas a scalar", with_volume({{"replicas", "n2"}}), 9,
+       "expected a list of nodes (e.g. [node2, node3]), got 'n2'"},
+      {"replica twice", with_volume({{"replicas", "[n2, n2]"}}), 9, "node 'n2' is listed twice"},
+      {"missing replicas", with_volume({{"replicas", ""}}), 6, "missing required key 'replicas'"},
+      {"ack above replicas", with_volume({}, "    ack: 3\n"), 13,
+       "volumes[0].ack: expected a number of replicas 1..2 (this volume has 2 replicas), got '3'"},
+      {"ack zero", with_volume({}, "    ack: 0\n"), 13, "1..2"},
+      {"bad on_insufficient", with_volume({}, "    on_insufficient: wait\n"), 13,
+       "'wait' is not one of fail, block"},
+      {"relative path", with_volume({{"path", "pmem/v"}}), 10,
+       "volumes[0].path: 'pmem/v' is not an absolute path"},
+      {"no path at all", with_volume({{"path", ""}}), 6,
+       "volumes[0]: no path for node 'n1' (the primary)"},
+      {"paths misses a replica", with_paths({{"path", "{n1: /a, n2: /b}"}}), 10,
+       "no path for node 'n3' (a replica); add `n3: /dev/dax0.0`"},
+      {"paths names a non-participant",
+       with_paths({{"replicas", "[n2]"}, {"path", "{n1: /a, n2: /b, n3: /c}"}}), 10,
+       "node 'n3' is neither the primary (n1) nor a replica (n2); remove its path"},
+      {"paths names an unknown node", with_paths({{"path", "{n1: /a, n2: /b, n3: /c, n7: /d}"}}),
+       10, "volumes[0].paths: 'n7' is not a node"},
+      {"paths a list", with_volume({}, "    paths: [/a]\n"), 13, "expected a map of node: path"},
+      {"relative path in paths", with_paths({{"path", "{n1: /a, n2: b, n3: /c}"}}), 10,
+       "volumes[0].paths.n2: 'b' is not an absolute path"},
+      {"duplicate path on a node", good + second("/pmem//v"), 17,
+       "volumes[1].paths.n1: node 'n1' already uses '/pmem//v' for another volume (at "
+       "<config>:10:11 (volume v))"},
+      {"create yes", with_volume({}, "    create: yes\n"), 13, "expected true or false, got 'yes'"},
+      {"bad apm", with_volume({}, "    apm: maybe\n"), 13, "'maybe' is not one of auto, on, off"},
+      {"missing allowed_peers", with_volume({{"allowed_peers", ""}}), 6,
        "missing required key 'allowed_peers'"},
-      {"allowed_peers scalar",
-       vol + "    path: /p\n    allowed_peers: app\n    secret: 0123456789abcdef\n", 4,
-       "expected a list of identities"},
-      {"allowed_peers map",
-       vol + "    path: /p\n    allowed_peers:\n      app: 1\n    secret: 0123456789abcdef\n", 5,
-       "expected a list of identities (e.g. [app1, app2]), got a map"},
-      {"allowed_peers empty",
-       vol + "    path: /p\n    allowed_peers: []\n    secret: 0123456789abcdef\n", 4,
-       "the list is empty"},
-      {"bad identity",
-       vol + "    path: /p\n    allowed_peers:\n      - ok\n      - 'a b'\n    secret: "
-             "0123456789abcdef\n",
-       6, "allowed_peers[1]: identity 'a b' contains a character"},
-      {"duplicate identity",
-       vol + "    path: /p\n    allowed_peers: [a, a]\n    secret: 0123456789abcdef\n", 4,
-       "identity 'a' is listed twice"},
-      {"no secret", vol + "    path: /p\n    allowed_peers: [a]\n", 2,
+      {"allowed_peers empty", with_volume({{"allowed_peers", "[]"}}), 11,
+       "the list is empty, so nobody could open the volume"},
+      {"bad identity", with_volume({{"allowed_peers", "[ok, 'a b']"}}), 11,
+       "volumes[0].allowed_peers[1]: identity 'a b' contains a character"},
+      {"no secret", with_volume({{"secret", ""}}), 6,
        "missing required key 'secret_file' (or 'secret')"},
-      {"both secrets",
-       vol + "    path: /p\n    allowed_peers: [a]\n    secret: 0123456789abcdef\n    secret_file: "
-             "/s\n",
-       6, "give either 'secret' or 'secret_file', not both"},
-      {"short secret", vol + "    path: /p\n    allowed_peers: [a]\n    secret: short\n", 5,
+      {"short secret", with_volume({{"secret", "short"}}), 12,
        "volumes[0].secret: too short (5 characters); use at least 16"},
-      {"relative secret_file",
-       vol + "    path: /p\n    allowed_peers: [a]\n    secret_file: s.key\n", 5,
-       "not an absolute path"},
-      {"missing secret_file",
-       vol + "    path: /p\n    allowed_peers: [a]\n    secret_file: /nonexistent/pmirror.secret\n",
-       5, "cannot open secret file /nonexistent/pmirror.secret"},
-      {"bad apm", vol + "    path: /p\n" + rest + "    apm: maybe\n", 6,
-       "'maybe' is not one of auto, on, off"},
+      {"both secrets", with_volume({}, "    secret_file: /s\n"), 13,
+       "give either 'secret' or 'secret_file', not both (secret is at <config>:12:5)"},
+      {"relative secret_file", with_volume({{"secret", ""}}, "    secret_file: s.key\n"), 12,
+       "volumes[0].secret_file: 's.key' is not an absolute path"},
   };
 }
 
@@ -237,52 +569,96 @@ int first_line(const std::string& message) {
   return std::atoi(message.c_str() + prefix.size());
 }
 
-TEST(ConfigTest, BadConfigsAreRejectedWithPosition) {
+TEST(ClusterConfigTest, BadConfigsAreRejectedWithLineAndReason) {
   auto cases = bad_configs();
   ASSERT_GE(cases.size(), 25u);
   for (const auto& c : cases) {
     SCOPED_TRACE(std::string(c.what) + ":\n" + c.yaml);
-    auto config = parse_daemon_config(c.yaml);
+    auto config = parse_cluster_config(c.yaml);
     ASSERT_FALSE(config.ok());
     const Status& status = config.status();
     EXPECT_EQ(status.code(), Errc::kConfigError);
     EXPECT_NE(status.message().find(c.fragment), std::string::npos) << status.message();
     EXPECT_EQ(first_line(status.message()), c.line) << status.message();
-    if (c.line != 0) {
-      // 1-based column present: "<config>:L:C: ..."
-      EXPECT_NE(status.message().find("<config>:" + std::to_string(c.line) + ":"),
-                std::string::npos);
-    }
   }
 }
 
-TEST(ConfigTest, ReportsEveryErrorAtOnce) {
+TEST(ClusterConfigTest, ReportsEveryErrorAtOnceInFileOrder) {
   std::string text =
-      "daemon:\n"
-      "  port: 0\n"         // 2
-      "  transport: udp\n"  // 3
-      "volumes:\n"
-      "  - name: 'bad name'\n"   // 5
-      "    path: relative\n"     // 6
-      "    size: 1.5G\n"         // 7
-      "    allowed_peers: []\n"  // 8
-      "    secret: short\n";     // 9
-  auto config = parse_daemon_config(text, "multi.yaml");
+      "volumes:\n"                              // 1
+      "  - name: v\n"                           // 2
+      "    size: 1.5G\n"                        // 3
+      "    primary: n9\n"                       // 4
+      "    replicas: [n1]\n"                    // 5
+      "    path: relative\n"                    // 6
+      "    allowed_peers: []\n"                 // 7
+      "    secret: short\n"                     // 8
+      "daemon:\n"                               // 9
+      "  log_level: loud\n"                     // 10
+      "nodes:\n"                                // 11
+      "  - {name: n1, address: a, port: 0}\n";  // 12
+  auto config = parse_cluster_config(text, "multi.yaml");
   ASSERT_FALSE(config.ok());
   std::vector<std::string> lines;
   std::istringstream in(config.status().message());
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   ASSERT_EQ(lines.size(), 7u) << config.status().message();
-  EXPECT_EQ(lines[0].rfind("multi.yaml:2:9: daemon.port", 0), 0u) << lines[0];
-  EXPECT_EQ(lines[1].rfind("multi.yaml:3:14: daemon.transport", 0), 0u) << lines[1];
-  EXPECT_EQ(lines[2].rfind("multi.yaml:5:11: volumes[0].name", 0), 0u) << lines[2];
-  EXPECT_EQ(lines[3].rfind("multi.yaml:6:11: volumes[0].path", 0), 0u) << lines[3];
-  EXPECT_EQ(lines[4].rfind("multi.yaml:7:11: volumes[0].size", 0), 0u) << lines[4];
-  EXPECT_EQ(lines[5].rfind("multi.yaml:8:20: volumes[0].allowed_peers", 0), 0u) << lines[5];
-  EXPECT_EQ(lines[6].rfind("multi.yaml:9:13: volumes[0].secret", 0), 0u) << lines[6];
+  EXPECT_EQ(lines[0].rfind("multi.yaml:3:11: volumes[0].size: ", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[1].rfind("multi.yaml:4:14: volumes[0].primary: 'n9' is not a node", 0), 0u)
+      << lines[1];
+  EXPECT_EQ(lines[2].rfind("multi.yaml:6:11: volumes[0].path: ", 0), 0u) << lines[2];
+  EXPECT_EQ(lines[3].rfind("multi.yaml:7:20: volumes[0].allowed_peers: ", 0), 0u) << lines[3];
+  EXPECT_EQ(lines[4].rfind("multi.yaml:8:13: volumes[0].secret: ", 0), 0u) << lines[4];
+  EXPECT_EQ(lines[5].rfind("multi.yaml:10:14: daemon.log_level: ", 0), 0u) << lines[5];
+  EXPECT_EQ(lines[6].rfind("multi.yaml:12:34: nodes[0].port: ", 0), 0u) << lines[6];
 }
 
-TEST(ConfigTest, ParseSizeAcceptsUnits) {
+TEST(ClusterConfigTest, ParseDuration) {
+  EXPECT_EQ(*parse_duration("200ms"), milliseconds(200));
+  EXPECT_EQ(*parse_duration("0ms"), milliseconds(0));
+  EXPECT_EQ(*parse_duration("5s"), milliseconds(5000));
+  EXPECT_EQ(*parse_duration("2m"), milliseconds(120000));
+  EXPECT_EQ(*parse_duration("1440m"), milliseconds(86400000));
+  struct Case {
+    const char* text;
+    const char* fragment;
+  };
+  const Case cases[] = {
+      {"", "empty"},
+      {"5", "a unit is required"},
+      {"-1s", "negative"},
+      {"1.5s", "fractions"},
+      {"5h", "unknown unit 'h'"},
+      {"5 s", "unknown unit ' s'"},
+      {"ms", "expected a number"},
+      {"1441m", "too large"},
+      {"99999999999999999999999ms", "too large"},
+  };
+  for (const auto& c : cases) {
+    auto d = parse_duration(c.text);
+    ASSERT_FALSE(d.ok()) << c.text;
+    EXPECT_NE(d.status().message().find(c.fragment), std::string::npos)
+        << c.text << ": " << d.status().message();
+  }
+}
+
+TEST(ClusterConfigTest, ParseHostPort) {
+  auto v4 = parse_host_port("127.0.0.1:9942");
+  ASSERT_TRUE(v4.ok());
+  EXPECT_EQ(v4->host, "127.0.0.1");
+  EXPECT_EQ(v4->port, 9942);
+  auto v6 = parse_host_port("[::1]:80");
+  ASSERT_TRUE(v6.ok());
+  EXPECT_EQ(v6->host, "::1");
+  EXPECT_EQ(v6->to_string(), "[::1]:80");
+  EXPECT_EQ(parse_host_port("metrics.local:1")->host, "metrics.local");
+  for (const char* bad : {"", "host", ":80", "host:", "host:0", "host:65536", "host:x", "::1:80",
+                          "[::1]", "[::1:80", "[zz]:80", "a b:80"}) {
+    EXPECT_FALSE(parse_host_port(bad).ok()) << bad;
+  }
+}
+
+TEST(ClusterConfigTest, ParseSizeAcceptsUnits) {
   struct Case {
     const char* text;
     uint64_t bytes;
@@ -313,7 +689,7 @@ TEST(ConfigTest, ParseSizeAcceptsUnits) {
   }
 }
 
-TEST(ConfigTest, ParseSizeRejectsJunk) {
+TEST(ClusterConfigTest, ParseSizeRejectsJunk) {
   struct Case {
     const char* text;
     const char* fragment;
@@ -349,17 +725,20 @@ TEST(ConfigTest, ParseSizeRejectsJunk) {
   }
 }
 
-// A config whose only volume reads its secret from `path`.
+// A cluster whose volume "v" (replica on n2) reads its secret from `path`
+// (line 12).
 std::string with_secret_file(const std::string& path) {
-  return "volumes:\n"
-         "  - name: v\n"
-         "    path: /pmem/v\n"
-         "    allowed_peers: [app]\n"
-         "    secret_file: " +
-         path + "\n";
+  return with_volume({{"secret", ""}, {"replicas", "[n2]"}}, "    secret_file: " + path + "\n");
 }
 
-TEST(ConfigTest, SecretFileIsReadAndOneNewlineStripped) {
+// daemon_config_for(n2) on with_secret_file(path).
+Result<DaemonConfig> daemon_with_secret_file(const std::string& path) {
+  auto cluster = parse_cluster_config(with_secret_file(path));
+  if (!cluster.ok()) return cluster.status();
+  return daemon_config_for(*cluster, "n2");
+}
+
+TEST(ClusterConfigTest, SecretFileIsReadAndOneNewlineStripped) {
   TempDir dir;
   struct Case {
     std::string contents;
@@ -373,16 +752,16 @@ TEST(ConfigTest, SecretFileIsReadAndOneNewlineStripped) {
   };
   for (const auto& c : cases) {
     std::string path = dir.write("secret", c.contents, 0600);
-    auto config = parse_daemon_config(with_secret_file(path));
+    auto config = daemon_with_secret_file(path);
     ASSERT_TRUE(config.ok()) << config.status().to_string();
     EXPECT_EQ(config->volumes[0].secret, c.secret);
   }
   // 0400 is fine too: only group/other bits are refused.
   std::string readonly = dir.write("readonly", kSecret, 0400);
-  EXPECT_TRUE(parse_daemon_config(with_secret_file(readonly)).ok());
+  EXPECT_TRUE(daemon_with_secret_file(readonly).ok());
 }
 
-TEST(ConfigTest, SecretFileProblemsAreReported) {
+TEST(ClusterConfigTest, SecretFileProblemsAreReportedWithTheLine) {
   TempDir dir;
   struct Case {
     const char* what;
@@ -402,55 +781,103 @@ TEST(ConfigTest, SecretFileProblemsAreReported) {
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.what);
-    auto config = parse_daemon_config(with_secret_file(c.path));
+    auto config = daemon_with_secret_file(c.path);
     ASSERT_FALSE(config.ok());
     const std::string& message = config.status().message();
     EXPECT_EQ(config.status().code(), Errc::kConfigError);
-    EXPECT_EQ(message.rfind("<config>:5:18: volumes[0].secret_file: ", 0), 0u) << message;
+    EXPECT_EQ(message.rfind("<config>:12:18: volumes[0].secret_file: ", 0), 0u) << message;
     EXPECT_NE(message.find(c.fragment), std::string::npos) << message;
     EXPECT_NE(message.find(c.path), std::string::npos) << message;
   }
 }
 
-TEST(ConfigTest, UnreadableSecretFile) {
+TEST(ClusterConfigTest, UnreadableSecretFile) {
   if (::geteuid() == 0) GTEST_SKIP() << "root reads any file";
   TempDir dir;
   std::string path = dir.write("noread", kSecret, 0200);
-  auto config = parse_daemon_config(with_secret_file(path));
+  auto config = daemon_with_secret_file(path);
   ASSERT_FALSE(config.ok());
   EXPECT_NE(config.status().message().find("Permission denied"), std::string::npos)
       << config.status().message();
 }
 
-TEST(ConfigTest, LoadReadsFileAndNamesItInErrors) {
+TEST(ClusterConfigTest, LoadReadsFileAndNamesItInErrors) {
   TempDir dir;
-  std::string good = dir.write("good.yaml", kVolume);
-  auto config = load_daemon_config(good);
+  std::string good = dir.write("good.yaml", with_volume());
+  auto config = load_cluster_config(good);
   ASSERT_TRUE(config.ok()) << config.status().to_string();
+  EXPECT_EQ(config->source, good);
   EXPECT_EQ(config->volumes.size(), 1u);
 
-  std::string bad = dir.write("bad.yaml", "daemon:\n  port: 0\n" + kVolume);
-  config = load_daemon_config(bad);
+  std::string bad = dir.write("bad.yaml", "daemon:\n  log_level: loud\n" + with_volume());
+  config = load_cluster_config(bad);
   ASSERT_FALSE(config.ok());
-  EXPECT_EQ(config.status().message().rfind(bad + ":2:9: daemon.port", 0), 0u)
+  EXPECT_EQ(config.status().message().rfind(bad + ":2:14: daemon.log_level", 0), 0u)
       << config.status().message();
 
   std::string missing = (dir.path() / "missing.yaml").string();
-  config = load_daemon_config(missing);
+  config = load_cluster_config(missing);
   ASSERT_FALSE(config.ok());
   EXPECT_EQ(config.status().code(), Errc::kConfigError);
   EXPECT_NE(config.status().message().find(missing), std::string::npos);
   EXPECT_NE(config.status().message().find("No such file or directory"), std::string::npos);
 
-  config = load_daemon_config(dir.path().string());
+  config = load_cluster_config(dir.path().string());
   ASSERT_FALSE(config.ok());
   EXPECT_NE(config.status().message().find("is a directory"), std::string::npos)
       << config.status().message();
 }
 
+TEST(ClusterConfigTest, CheckClusterFileListsEveryProblem) {
+  TempDir dir;
+  // Valid: nothing to report.
+  std::string secret = dir.write("v.secret", kSecret);
+  std::string good = dir.write("good.yaml", with_secret_file(secret));
+  EXPECT_EQ(check_cluster_file(good, "n2"), std::vector<std::string>{});
+  EXPECT_EQ(check_cluster_file(good), std::vector<std::string>{});  // no node: every secret
+
+  // A parse problem and an unreadable secret file are both reported, in
+  // file order.
+  std::string open_secret = dir.write("open.secret", kSecret, 0644);
+  std::string bad =
+      dir.write("bad.yaml", "daemon:\n  log_level: loud\n" + with_secret_file(open_secret));
+  auto problems = check_cluster_file(bad);
+  ASSERT_EQ(problems.size(), 2u);
+  EXPECT_EQ(problems[0].rfind(bad + ":2:14: daemon.log_level", 0), 0u) << problems[0];
+  EXPECT_EQ(
+      problems[1].rfind(
+          bad + ":14:18: volumes[0].secret_file: secret file " + open_secret + " has mode 0644", 0),
+      0u)
+      << problems[1];
+
+  // A node that takes no part in the volume does not need its secret.
+  EXPECT_EQ(check_cluster_file(bad, "n3").size(), 1u);
+  // An unknown --node is a problem too.
+  problems = check_cluster_file(good, "n9");
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("--node n9: no such node"), std::string::npos) << problems[0];
+
+  // The node's existing plain file must have the volume's size.
+  std::string image = dir.write("v.img", std::string(8192, '\0'));
+  std::string sized =
+      dir.write("sized.yaml", with_volume({{"path", image}, {"secret", ""}, {"replicas", "[n2]"}},
+                                          "    secret_file: " + secret + "\n"));
+  problems = check_cluster_file(sized, "n2");
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_EQ(problems[0].rfind(sized + ":10:11: volumes[0].paths.n2: " + image +
+                                  " is 8192 bytes but the volume's size is 1048576",
+                              0),
+            0u)
+      << problems[0];
+
+  problems = check_cluster_file((dir.path() / "absent.yaml").string());
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("No such file or directory"), std::string::npos);
+}
+
 // The shipped example must stay valid. Its secret_file paths (/etc/pmirror/)
 // do not exist here, so point them at temp files with the right mode.
-TEST(ConfigTest, ExampleFileParses) {
+TEST(ClusterConfigTest, ExampleFileParses) {
   std::ifstream in(PMIRROR_EXAMPLE_CONFIG);
   ASSERT_TRUE(in) << PMIRROR_EXAMPLE_CONFIG;
   std::stringstream buffer;
@@ -466,21 +893,36 @@ TEST(ConfigTest, ExampleFileParses) {
     text.replace(at, from.size(), to);
   }
 
-  auto config = parse_daemon_config(text, PMIRROR_EXAMPLE_CONFIG);
-  ASSERT_TRUE(config.ok()) << config.status().to_string();
-  EXPECT_EQ(config->transport, transport::Kind::kRdma);
-  EXPECT_EQ(config->port, 7450);
-  ASSERT_EQ(config->volumes.size(), 2u);
-  EXPECT_EQ(config->volumes[0].name, "db0");
-  EXPECT_EQ(config->volumes[0].path, "/dev/dax0.0");
-  EXPECT_EQ(config->volumes[0].size, 0u);
-  EXPECT_EQ(config->volumes[0].secret, "db0-secret-0123456789");
-  EXPECT_EQ(config->volumes[0].apm, ApmPolicy::kAuto);
-  EXPECT_EQ(config->volumes[1].name, "log0");
-  EXPECT_TRUE(config->volumes[1].create);
-  EXPECT_EQ(config->volumes[1].size, 256ull << 20);
-  EXPECT_EQ(config->volumes[1].secret, "log0-secret-0123456789");
-  EXPECT_EQ(config->volumes[1].apm, ApmPolicy::kOff);
+  auto cluster = parse_cluster_config(text, PMIRROR_EXAMPLE_CONFIG);
+  ASSERT_TRUE(cluster.ok()) << cluster.status().to_string();
+  EXPECT_EQ(cluster->name, "prod");
+  ASSERT_EQ(cluster->nodes.size(), 3u);
+  EXPECT_EQ(cluster->nodes[0].transport, transport::Kind::kRdma);
+  EXPECT_EQ(cluster->nodes[2].transport, transport::Kind::kTcp);
+  EXPECT_EQ(cluster->nodes[2].daemon.state_pool, "/mnt/pmem/pmirrord.state");
+  ASSERT_TRUE(cluster->daemon.metrics.has_value());
+  ASSERT_EQ(cluster->volumes.size(), 2u);
+  EXPECT_EQ(cluster->volumes[0].ack, 2u);
+  EXPECT_EQ(cluster->volumes[1].ack, 1u);
+
+  auto node2 = daemon_config_for(*cluster, "node2");
+  ASSERT_TRUE(node2.ok()) << node2.status().to_string();
+  ASSERT_EQ(node2->volumes.size(), 2u);
+  EXPECT_EQ(node2->volumes[0].name, "db0");
+  EXPECT_EQ(node2->volumes[0].path, "/dev/dax0.0");
+  EXPECT_EQ(node2->volumes[0].secret, "db0-secret-0123456789");
+  EXPECT_EQ(node2->volumes[1].name, "log0");
+  EXPECT_EQ(node2->volumes[1].size, 256ull << 20);
+  EXPECT_EQ(node2->volumes[1].secret, "log0-secret-0123456789");
+  EXPECT_EQ(node2->volumes[1].apm, ApmPolicy::kOff);
+  auto node3 = daemon_config_for(*cluster, "node3");
+  ASSERT_TRUE(node3.ok()) << node3.status().to_string();
+  ASSERT_EQ(node3->volumes.size(), 1u);
+  EXPECT_EQ(node3->volumes[0].path, "/mnt/pmem/db0");
+  auto plan = initiator_plan(*cluster, "db0", "node1");
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->replicas.size(), 2u);
+  EXPECT_EQ(plan->ack, 2u);
 }
 
 }  // namespace

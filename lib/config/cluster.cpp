@@ -1,0 +1,1177 @@
+// The cluster file: schema, validation and what each node derives from it
+// (daemon_config_for, initiator_plan, check_cluster_file).
+#include <arpa/inet.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <climits>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <span>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "config/config.h"
+#include "config/config_internal.h"
+
+namespace pmirror::config {
+namespace {
+
+constexpr size_t kMaxNameLength = 64;
+constexpr uint64_t kPageSize = 4096;
+
+constexpr std::string_view kTopKeys[] = {"cluster", "daemon", "nodes", "volumes"};
+constexpr std::string_view kClusterKeys[] = {"name"};
+constexpr std::string_view kDaemonKeys[] = {
+    "control_socket",     "log_level",         "metrics",           "state_pool",
+    "heartbeat_interval", "heartbeat_timeout", "reconnect_initial", "reconnect_max"};
+constexpr std::string_view kNodeKeys[] = {"name",           "address",   "port",
+                                          "transport",      "listen",    "state_pool",
+                                          "control_socket", "log_level", "metrics"};
+constexpr std::string_view kVolumeKeys[] = {
+    "name",   "size",          "primary", "replicas",    "ack", "on_insufficient", "path", "paths",
+    "create", "allowed_peers", "secret",  "secret_file", "apm"};
+constexpr std::string_view kLogLevels[] = {"trace", "debug",    "info", "warn",
+                                           "error", "critical", "off"};
+
+std::string join(std::span<const std::string_view> words) {
+  std::string out;
+  for (auto word : words) {
+    if (!out.empty()) out += ", ";
+    out += word;
+  }
+  return out;
+}
+
+std::string join(const std::vector<std::string>& words) {
+  std::vector<std::string_view> views(words.begin(), words.end());
+  return join(std::span<const std::string_view>(views));
+}
+
+std::vector<std::string> node_names(const ClusterConfig& cluster) {
+  std::vector<std::string> names;
+  for (const auto& node : cluster.nodes) names.push_back(node.name);
+  return names;
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t above = row[j];
+      size_t substitute = diagonal + (std::tolower(static_cast<unsigned char>(a[i - 1])) ==
+                                              std::tolower(static_cast<unsigned char>(b[j - 1]))
+                                          ? 0
+                                          : 1);
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, substitute});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// Node, volume and identity names travel in the protocol and appear in logs
+// and file names, so keep them to a conservative charset.
+std::string check_name(std::string_view name) {
+  if (name.empty()) return "must not be empty";
+  if (name.size() > kMaxNameLength) {
+    return "'" + std::string(name) + "' is " + std::to_string(name.size()) +
+           " characters; at most " + std::to_string(kMaxNameLength) + " are allowed";
+  }
+  for (char c : name) {
+    bool good = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                c == '.' || c == '_' || c == '-';
+    if (!good) {
+      return "'" + std::string(name) +
+             "' contains a character that is not allowed; use only letters, digits, '.', '_' "
+             "and '-'";
+    }
+  }
+  return {};
+}
+
+// What the operator wrote instead of what we expected, for "expected X, got Y".
+std::string type_name(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null:
+      return "nothing (null)";
+    case YAML::NodeType::Scalar: {
+      const std::string& text = node.Scalar();
+      return "'" + (text.size() > 40 ? text.substr(0, 40) + "..." : text) + "'";
+    }
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a map";
+    case YAML::NodeType::Undefined:
+      return "nothing";
+  }
+  return "something else";
+}
+
+// One problem, with its position for sorting (0: the whole file).
+struct Problem {
+  int line = 0;
+  int column = 0;
+  std::string text;
+};
+
+// "SOURCE:LINE:COL: ..." -> (LINE, COL); (0, 0) when there is none.
+Problem problem_from_text(const std::string& source, std::string text) {
+  Problem problem;
+  if (text.rfind(source + ":", 0) == 0) {
+    const char* p = text.c_str() + source.size() + 1;
+    char* end = nullptr;
+    long line = std::strtol(p, &end, 10);
+    if (end != p && *end == ':') {
+      long column = std::strtol(end + 1, &end, 10);
+      problem.line = static_cast<int>(line);
+      problem.column = static_cast<int>(column);
+    }
+  }
+  problem.text = std::move(text);
+  return problem;
+}
+
+void sort_problems(std::vector<Problem>& problems) {
+  std::stable_sort(problems.begin(), problems.end(), [](const Problem& a, const Problem& b) {
+    return std::tie(a.line, a.column) < std::tie(b.line, b.column);
+  });
+}
+
+Status problems_status(const std::vector<Problem>& problems) {
+  std::string message;
+  for (const auto& p : problems) {
+    if (!message.empty()) message += '\n';
+    message += p.text;
+  }
+  return Status(Errc::kConfigError, std::move(message));
+}
+
+// Everything one parse needs: the source name for messages and the list of
+// problems found so far (we keep going after an error so the operator sees
+// all of them at once).
+class Parser {
+ public:
+  explicit Parser(std::string source) : source_(std::move(source)) {}
+
+  std::string where(const YAML::Mark& mark) const {
+    if (mark.is_null()) return source_;
+    return source_ + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+  }
+
+  void error(const YAML::Mark& mark, const std::string& context, const std::string& problem) {
+    std::string line = where(mark) + ": ";
+    if (!context.empty()) line += context + ": ";
+    line += problem;
+    Problem p;
+    if (!mark.is_null()) {
+      p.line = mark.line + 1;
+      p.column = mark.column + 1;
+    }
+    p.text = std::move(line);
+    problems_.push_back(std::move(p));
+  }
+
+  std::vector<Problem>& problems() { return problems_; }
+
+  // One key of a map together with where to blame problems with its value:
+  // a null value (`key:` with nothing after it) has a useless mark (start of
+  // the next line), so point at the key instead.
+  struct Entry {
+    YAML::Node key;
+    YAML::Node value;
+    YAML::Mark value_mark() const { return value.IsNull() ? key.Mark() : value.Mark(); }
+  };
+  using Entries = std::map<std::string, Entry>;
+
+  // Splits a map into its entries, rejecting unknown and duplicate keys.
+  // yaml-cpp keeps duplicate keys (and lookup would silently pick one), so
+  // check for them here.
+  Entries entries(const YAML::Node& map, const std::string& context,
+                  std::span<const std::string_view> allowed) {
+    Entries out;
+    for (auto it = map.begin(); it != map.end(); ++it) {
+      // Copies: yaml-cpp's iterator yields a temporary proxy, so a reference
+      // to it->first would dangle.
+      const YAML::Node key = it->first;
+      const YAML::Node value = it->second;
+      if (!key.IsScalar()) {
+        error(key.Mark(), context, "expected a key name, got " + type_name(key));
+        continue;
+      }
+      const std::string& name = key.Scalar();
+      if (std::find(allowed.begin(), allowed.end(), name) == allowed.end()) {
+        std::string problem = "unknown key '" + name + "'";
+        for (auto candidate : allowed) {
+          if (edit_distance(name, candidate) <= 2) {
+            problem += " (did you mean '" + std::string(candidate) + "'?)";
+            break;
+          }
+        }
+        problem += "; allowed keys: " + join(allowed);
+        error(key.Mark(), context, problem);
+        continue;
+      }
+      auto [previous, inserted] = out.emplace(name, Entry{key, value});
+      if (!inserted) {
+        error(key.Mark(), context,
+              "duplicate key '" + name + "' (first at " + where(previous->second.key.Mark()) + ")");
+      }
+    }
+    return out;
+  }
+
+  static const Entry* find(const Entries& keys, const char* name) {
+    auto it = keys.find(name);
+    return it == keys.end() ? nullptr : &it->second;
+  }
+
+  std::optional<std::string> scalar(const Entry& entry, const std::string& context,
+                                    const char* expected) {
+    if (!entry.value.IsScalar()) {
+      error(entry.value_mark(), context,
+            std::string("expected ") + expected + ", got " + type_name(entry.value));
+      return std::nullopt;
+    }
+    return entry.value.Scalar();
+  }
+
+  std::optional<std::string> string(const Entry& entry, const std::string& context) {
+    auto text = scalar(entry, context, "a string");
+    if (text && text->empty()) {
+      error(entry.value_mark(), context, "must not be empty");
+      return std::nullopt;
+    }
+    return text;
+  }
+
+  std::optional<std::string> absolute_path(const Entry& entry, const std::string& context) {
+    auto text = string(entry, context);
+    if (text && text->front() != '/') {
+      error(entry.value_mark(), context,
+            "'" + *text + "' is not an absolute path; write the full path starting with '/'");
+      return std::nullopt;
+    }
+    return text;
+  }
+
+  std::optional<std::string> name(const Entry& entry, const std::string& context,
+                                  const char* what) {
+    auto text = scalar(entry, context, "a name");
+    if (!text) return std::nullopt;
+    if (auto problem = check_name(*text); !problem.empty()) {
+      error(entry.value_mark(), context, std::string(what) + " " + problem);
+      return std::nullopt;
+    }
+    return text;
+  }
+
+  // YAML 1.1 would also take yes/no/on/off; accepting only true/false keeps
+  // `apm: off`-style values from being confused with booleans.
+  std::optional<bool> boolean(const Entry& entry, const std::string& context) {
+    auto text = scalar(entry, context, "true or false");
+    if (!text) return std::nullopt;
+    if (*text == "true") return true;
+    if (*text == "false") return false;
+    error(entry.value_mark(), context, "expected true or false, got '" + *text + "'");
+    return std::nullopt;
+  }
+
+  std::optional<uint64_t> integer(const Entry& entry, const std::string& context, uint64_t min,
+                                  uint64_t max, const std::string& expected) {
+    auto text = scalar(entry, context, expected.c_str());
+    if (!text) return std::nullopt;
+    uint64_t value = 0;
+    auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), value);
+    if (text->empty() || ec != std::errc() || end != text->data() + text->size() || value < min ||
+        value > max) {
+      error(entry.value_mark(), context, "expected " + expected + ", got '" + *text + "'");
+      return std::nullopt;
+    }
+    return value;
+  }
+
+  std::optional<uint16_t> port(const Entry& entry, const std::string& context) {
+    auto value = integer(entry, context, 1, 65535, "a port number 1..65535");
+    if (!value) return std::nullopt;
+    return static_cast<uint16_t>(*value);
+  }
+
+  std::optional<std::string> one_of(const Entry& entry, const std::string& context,
+                                    std::span<const std::string_view> choices) {
+    std::string expected = "one of " + join(choices);
+    auto text = scalar(entry, context, expected.c_str());
+    if (!text) return std::nullopt;
+    if (std::find(choices.begin(), choices.end(), *text) == choices.end()) {
+      error(entry.value_mark(), context, "'" + *text + "' is not " + expected);
+      return std::nullopt;
+    }
+    return text;
+  }
+
+  std::optional<std::chrono::milliseconds> duration(const Entry& entry,
+                                                    const std::string& context) {
+    auto text = scalar(entry, context, "a duration such as 200ms, 5s or 1m");
+    if (!text) return std::nullopt;
+    auto value = parse_duration(*text);
+    if (!value.ok()) {
+      error(entry.value_mark(), context, value.status().message());
+      return std::nullopt;
+    }
+    if (value->count() == 0) {
+      error(entry.value_mark(), context, "must be greater than zero");
+      return std::nullopt;
+    }
+    return *value;
+  }
+
+  // A list of names (replicas, allowed_peers): each checked, none twice.
+  std::optional<std::vector<std::pair<std::string, YAML::Mark>>> name_list(
+      const Entry& entry, const std::string& context, const char* what, const char* example,
+      const char* empty_problem) {
+    if (!entry.value.IsSequence()) {
+      error(entry.value_mark(), context,
+            std::string("expected a list of ") + what + "s (e.g. " + example + "), got " +
+                type_name(entry.value));
+      return std::nullopt;
+    }
+    if (entry.value.size() == 0) {
+      error(entry.value_mark(), context, empty_problem);
+      return std::nullopt;
+    }
+    std::vector<std::pair<std::string, YAML::Mark>> out;
+    std::map<std::string, YAML::Mark> listed;
+    bool bad = false;
+    for (size_t i = 0; i < entry.value.size(); ++i) {
+      const YAML::Node item = entry.value[i];
+      std::string item_context = context + "[" + std::to_string(i) + "]";
+      if (!item.IsScalar()) {
+        error(item.Mark(), item_context,
+              std::string("expected a ") + what + " name, got " + type_name(item));
+        bad = true;
+        continue;
+      }
+      if (auto problem = check_name(item.Scalar()); !problem.empty()) {
+        error(item.Mark(), item_context, std::string(what) + " " + problem);
+        bad = true;
+        continue;
+      }
+      if (auto [first, inserted] = listed.emplace(item.Scalar(), item.Mark()); !inserted) {
+        error(item.Mark(), item_context,
+              std::string(what) + " '" + item.Scalar() + "' is listed twice (first at " +
+                  where(first->second) + ")");
+        bad = true;
+        continue;
+      }
+      out.emplace_back(item.Scalar(), item.Mark());
+    }
+    if (bad) return std::nullopt;
+    return out;
+  }
+
+  // ------------------------------------------------------------- sections
+
+  struct DaemonMarks {
+    std::optional<YAML::Mark> heartbeat_timeout, reconnect_max, heartbeat_interval,
+        reconnect_initial;
+  };
+
+  // Keys shared by `daemon` and node entries (the per-node overrides).
+  void parse_daemon_overrides(const Entries& keys, const std::string& context,
+                              DaemonSettings& settings) {
+    if (auto* e = find(keys, "control_socket")) {
+      std::string key_context = context + "control_socket";
+      if (auto v = absolute_path(*e, key_context)) {
+        if (v->size() >= sizeof(sockaddr_un{}.sun_path)) {
+          error(e->value_mark(), key_context,
+                "'" + *v + "' is " + std::to_string(v->size()) +
+                    " characters; a unix socket path holds at most " +
+                    std::to_string(sizeof(sockaddr_un{}.sun_path) - 1));
+        } else {
+          settings.control_socket = *v;
+        }
+      }
+    }
+    if (auto* e = find(keys, "log_level")) {
+      if (auto v = one_of(*e, context + "log_level", kLogLevels)) settings.log_level = *v;
+    }
+    if (auto* e = find(keys, "state_pool")) {
+      if (auto v = absolute_path(*e, context + "state_pool")) settings.state_pool = *v;
+    }
+    if (auto* e = find(keys, "metrics")) {
+      if (auto v = scalar(*e, context + "metrics", "HOST:PORT or off")) {
+        if (*v == "off") {
+          settings.metrics.reset();
+        } else if (auto address = parse_host_port(*v); address.ok()) {
+          settings.metrics = *address;
+        } else {
+          error(e->value_mark(), context + "metrics",
+                address.status().message() + " (or 'off' for no metrics endpoint)");
+        }
+      }
+    }
+  }
+
+  void parse_daemon(const Entry& entry, DaemonSettings& settings) {
+    if (entry.value.IsNull()) return;  // `daemon:` with every key commented out: all defaults
+    if (!entry.value.IsMap()) {
+      error(entry.value_mark(), "daemon",
+            std::string("expected a map of settings, got ") + type_name(entry.value));
+      return;
+    }
+    auto keys = entries(entry.value, "daemon", kDaemonKeys);
+    parse_daemon_overrides(keys, "daemon.", settings);
+    DaemonMarks marks;
+    auto read = [&](const char* key, std::chrono::milliseconds& out,
+                    std::optional<YAML::Mark>& mark) {
+      if (auto* e = find(keys, key)) {
+        if (auto v = duration(*e, std::string("daemon.") + key)) {
+          out = *v;
+          mark = e->value_mark();
+        }
+      }
+    };
+    read("heartbeat_interval", settings.heartbeat_interval, marks.heartbeat_interval);
+    read("heartbeat_timeout", settings.heartbeat_timeout, marks.heartbeat_timeout);
+    read("reconnect_initial", settings.reconnect_initial, marks.reconnect_initial);
+    read("reconnect_max", settings.reconnect_max, marks.reconnect_max);
+    auto ms = [](std::chrono::milliseconds d) { return std::to_string(d.count()) + "ms"; };
+    if (settings.heartbeat_timeout <= settings.heartbeat_interval) {
+      auto mark = marks.heartbeat_timeout ? *marks.heartbeat_timeout
+                                          : marks.heartbeat_interval.value_or(entry.key.Mark());
+      error(mark, "daemon.heartbeat_timeout",
+            "the timeout (" + ms(settings.heartbeat_timeout) +
+                ") must be longer than heartbeat_interval (" + ms(settings.heartbeat_interval) +
+                "), or every peer is declared dead between two heartbeats; a few intervals "
+                "is usual");
+    }
+    if (settings.reconnect_initial > settings.reconnect_max) {
+      auto mark = marks.reconnect_max ? *marks.reconnect_max
+                                      : marks.reconnect_initial.value_or(entry.key.Mark());
+      error(mark, "daemon.reconnect_max",
+            "reconnect_max (" + ms(settings.reconnect_max) +
+                ") must not be shorter than reconnect_initial (" + ms(settings.reconnect_initial) +
+                ")");
+    }
+  }
+
+  // Where each node name and address:port was first seen.
+  struct NodeSeen {
+    std::map<std::string, YAML::Mark> names;
+    std::map<std::string, std::pair<std::string, YAML::Mark>> endpoints;  // -> (node, mark)
+  };
+
+  void parse_node(const YAML::Node& item, const std::string& context, ClusterConfig& config,
+                  NodeSeen& seen) {
+    if (!item.IsMap()) {
+      error(item.Mark(), context,
+            std::string("expected a map describing a node (name, address, ...), got ") +
+                type_name(item));
+      return;
+    }
+    auto keys = entries(item, context, kNodeKeys);
+    NodeConfig node;
+    node.daemon = config.daemon;
+    bool named = false;
+    if (auto* e = find(keys, "name"); e == nullptr) {
+      error(item.Mark(), context, "missing required key 'name'");
+    } else if (auto v = name(*e, context + ".name", "node name")) {
+      if (auto [first, inserted] = seen.names.emplace(*v, e->value_mark()); !inserted) {
+        error(e->value_mark(), context + ".name",
+              "duplicate node name '" + *v + "' (first defined at " + where(first->second) + ")");
+      } else {
+        node.name = *v;
+        named = true;
+      }
+    }
+    const Entry* address_entry = find(keys, "address");
+    if (address_entry == nullptr) {
+      error(item.Mark(), context,
+            "missing required key 'address' (the IP or host name peers reach this node at)");
+    } else if (auto v = string(*address_entry, context + ".address")) {
+      in6_addr ignored{};
+      if (v->find_first_of(" \t/") != std::string::npos) {
+        error(address_entry->value_mark(), context + ".address",
+              "'" + *v + "' is not an IP address or host name");
+      } else if (v->find(':') != std::string::npos &&
+                 ::inet_pton(AF_INET6, v->c_str(), &ignored) != 1) {
+        error(address_entry->value_mark(), context + ".address",
+              "'" + *v + "' is not an address; write the port under 'port', not after a ':'");
+      } else {
+        node.address = *v;
+      }
+    }
+    if (auto* e = find(keys, "port")) {
+      if (auto v = port(*e, context + ".port")) node.port = *v;
+    }
+    if (auto* e = find(keys, "transport")) {
+      constexpr std::string_view kKinds[] = {"tcp", "rdma"};
+      // Parsed here rather than with transport::parse_kind so that config
+      // does not pull in the transport library (and libibverbs) to link.
+      if (auto v = one_of(*e, context + ".transport", kKinds)) {
+        node.transport = *v == "rdma" ? transport::Kind::kRdma : transport::Kind::kTcp;
+      }
+    }
+    if (auto* e = find(keys, "listen")) {
+      if (auto v = string(*e, context + ".listen")) node.listen = *v;
+    }
+    parse_daemon_overrides(keys, context + ".", node.daemon);
+    if (node.listen.empty()) node.listen = node.address;
+
+    if (!node.address.empty()) {
+      std::string endpoint = node.address + ":" + std::to_string(node.port);
+      auto [first, inserted] =
+          seen.endpoints.emplace(endpoint, std::make_pair(node.name, address_entry->value_mark()));
+      if (!inserted) {
+        shares_endpoint_.insert(node.name);
+        error(address_entry->value_mark(), context,
+              "node '" + node.name + "' uses " + endpoint + ", as node '" + first->second.first +
+                  "' does (at " + where(first->second.second) +
+                  "); two daemons cannot listen on the same address and port");
+      }
+    }
+    if (named) config.nodes.push_back(std::move(node));
+  }
+
+  void parse_nodes(const Entry* entry, const YAML::Node& root, ClusterConfig& config) {
+    const char* hint =
+        "; list every machine of the cluster, e.g.\n"
+        "  nodes:\n"
+        "    - {name: node1, address: 10.0.0.1}\n"
+        "    - {name: node2, address: 10.0.0.2}";
+    if (entry == nullptr) {
+      error(root.Mark(), "", std::string("no 'nodes' section") + hint);
+      return;
+    }
+    if (entry->value.IsNull() || (entry->value.IsSequence() && entry->value.size() == 0)) {
+      error(entry->value_mark(), "nodes", std::string("no nodes are listed") + hint);
+      return;
+    }
+    if (!entry->value.IsSequence()) {
+      error(entry->value_mark(), "nodes",
+            std::string("expected a list of nodes (each item starting with '- name:'), got ") +
+                type_name(entry->value));
+      return;
+    }
+    NodeSeen seen;
+    for (size_t i = 0; i < entry->value.size(); ++i) {
+      parse_node(entry->value[i], "nodes[" + std::to_string(i) + "]", config, seen);
+    }
+    // Two daemons on one machine (same address) must not share their files.
+    std::map<std::string, const NodeConfig*> pools, sockets;
+    for (size_t i = 0; i < config.nodes.size(); ++i) {
+      const NodeConfig& node = config.nodes[i];
+      if (shares_endpoint_.count(node.name) != 0) continue;  // reported already
+      for (auto& [files, value, key] :
+           {std::tuple{&pools, node.daemon.state_pool, "state_pool"},
+            std::tuple{&sockets, node.daemon.control_socket, "control_socket"}}) {
+        auto [first, inserted] = files->emplace(node.address + " " + value, &node);
+        if (!inserted) {
+          error(node_marks_[node.name], "nodes",
+                "nodes '" + first->second->name + "' and '" + node.name + "' share the address " +
+                    node.address + " and the " + key + " " + value +
+                    "; give one of them its own `" + key + ":`");
+        }
+      }
+    }
+  }
+
+  // Where each (node, path) was first used, across volumes.
+  using PathSeen = std::map<std::pair<std::string, std::string>, std::string>;
+
+  void parse_volume(const YAML::Node& item, const std::string& context, ClusterConfig& config,
+                    std::map<std::string, YAML::Mark>& names, PathSeen& paths_seen) {
+    if (!item.IsMap()) {
+      error(item.Mark(), context,
+            std::string("expected a map describing a volume (name, size, primary, ...), got ") +
+                type_name(item));
+      return;
+    }
+    auto keys = entries(item, context, kVolumeKeys);
+    auto missing = [&](const char* key, const std::string& hint) {
+      error(item.Mark(), context, std::string("missing required key '") + key + "'" + hint);
+    };
+    auto is_node = [&](const std::string& name) { return config.find_node(name) != nullptr; };
+    auto not_a_node = [&](const std::string& name) {
+      return "'" + name + "' is not a node; nodes: " + join(node_names(config));
+    };
+    ClusterVolume volume;
+
+    if (auto* e = find(keys, "name"); e == nullptr) {
+      missing("name", "");
+    } else if (auto v = name(*e, context + ".name", "volume name")) {
+      if (auto [first, inserted] = names.emplace(*v, e->value_mark()); !inserted) {
+        error(e->value_mark(), context + ".name",
+              "duplicate volume name '" + *v + "' (first defined at " + where(first->second) + ")");
+      } else {
+        volume.name = *v;
+      }
+    }
+
+    if (auto* e = find(keys, "size"); e == nullptr) {
+      missing("size", " (e.g. size: 1GiB; the same on every node)");
+    } else if (auto text = scalar(*e, context + ".size", "a size such as 1GiB")) {
+      if (auto size = parse_size(*text); !size.ok()) {
+        error(e->value_mark(), context + ".size", size.status().message());
+      } else if (*size % kPageSize != 0) {
+        error(e->value_mark(), context + ".size",
+              "'" + *text + "' is " + std::to_string(*size) + " bytes, not a multiple of " +
+                  std::to_string(kPageSize) + " (the page size)");
+      } else {
+        volume.size = *size;
+      }
+    }
+
+    // Participants, as far as they are valid nodes.
+    bool primary_ok = false;
+    if (auto* e = find(keys, "primary"); e == nullptr) {
+      missing("primary", " (the node where the application runs)");
+    } else if (auto v = name(*e, context + ".primary", "node name")) {
+      if (!is_node(*v)) {
+        error(e->value_mark(), context + ".primary", not_a_node(*v));
+      } else {
+        volume.primary = *v;
+        primary_ok = true;
+      }
+    }
+    bool replicas_ok = false;
+    if (auto* e = find(keys, "replicas"); e == nullptr) {
+      missing("replicas", " (the nodes that hold copies, e.g. [node2, node3])");
+    } else if (auto list = name_list(*e, context + ".replicas", "node", "[node2, node3]",
+                                     "the list is empty; a volume needs at least one replica")) {
+      replicas_ok = true;
+      for (size_t i = 0; i < list->size(); ++i) {
+        const auto& [replica, mark] = (*list)[i];
+        std::string item_context = context + ".replicas[" + std::to_string(i) + "]";
+        if (!is_node(replica)) {
+          error(mark, item_context, not_a_node(replica));
+          replicas_ok = false;
+        } else if (primary_ok && replica == volume.primary) {
+          error(mark, item_context,
+                "'" + replica +
+                    "' is the primary; the primary holds the local copy and cannot also be a "
+                    "replica");
+          replicas_ok = false;
+        } else {
+          volume.replicas.push_back(replica);
+        }
+      }
+    }
+
+    if (auto* e = find(keys, "ack")) {
+      if (replicas_ok) {
+        uint64_t count = volume.replicas.size();
+        if (auto v =
+                integer(*e, context + ".ack", 1, count,
+                        "a number of replicas 1.." + std::to_string(count) + " (this volume has " +
+                            std::to_string(count) + " replica" + (count == 1 ? "" : "s") + ")")) {
+          volume.ack = static_cast<uint32_t>(*v);
+        }
+      }
+    } else {
+      volume.ack = static_cast<uint32_t>(volume.replicas.size());
+    }
+    if (auto* e = find(keys, "on_insufficient")) {
+      constexpr std::string_view kPolicies[] = {"fail", "block"};
+      if (auto v = one_of(*e, context + ".on_insufficient", kPolicies)) {
+        volume.on_insufficient =
+            *v == "block" ? InsufficientPolicy::kBlock : InsufficientPolicy::kFail;
+      }
+    }
+
+    // path (every node) and paths (per node).
+    std::optional<std::pair<std::string, YAML::Mark>> common_path;
+    if (auto* e = find(keys, "path")) {
+      if (auto v = absolute_path(*e, context + ".path")) common_path.emplace(*v, e->value_mark());
+    }
+    std::map<std::string, std::pair<std::string, YAML::Mark>> node_paths;
+    const Entry* paths_entry = find(keys, "paths");
+    bool paths_ok = true;
+    if (paths_entry != nullptr) {
+      if (!paths_entry->value.IsMap()) {
+        error(paths_entry->value_mark(), context + ".paths",
+              "expected a map of node: path (e.g. {node1: /dev/dax0.0, node2: /mnt/pmem/db0}), "
+              "got " +
+                  type_name(paths_entry->value));
+        paths_ok = false;
+      } else {
+        for (auto it = paths_entry->value.begin(); it != paths_entry->value.end(); ++it) {
+          const YAML::Node key = it->first;
+          const YAML::Node value = it->second;
+          if (!key.IsScalar()) {
+            error(key.Mark(), context + ".paths", "expected a node name, got " + type_name(key));
+            paths_ok = false;
+            continue;
+          }
+          const std::string node = key.Scalar();
+          std::string node_context = context + ".paths." + node;
+          Entry path_entry{key, value};
+          if (node_paths.count(node) != 0) {
+            error(key.Mark(), context + ".paths",
+                  "duplicate key '" + node + "' (first at " + where(node_paths[node].second) + ")");
+            paths_ok = false;
+            continue;
+          }
+          if (!is_node(node)) {
+            error(key.Mark(), context + ".paths", not_a_node(node));
+            paths_ok = false;
+            continue;
+          }
+          bool participant = (primary_ok && node == volume.primary) ||
+                             std::find(volume.replicas.begin(), volume.replicas.end(), node) !=
+                                 volume.replicas.end();
+          if (!participant && primary_ok && replicas_ok) {
+            error(key.Mark(), context + ".paths",
+                  "node '" + node + "' is neither the primary (" + volume.primary +
+                      ") nor a replica (" + join(volume.replicas) +
+                      "); remove its path or add it to replicas");
+            paths_ok = false;
+            continue;
+          }
+          if (auto v = absolute_path(path_entry, node_context)) {
+            node_paths.emplace(node, std::make_pair(*v, path_entry.value_mark()));
+          } else {
+            paths_ok = false;
+          }
+        }
+      }
+    }
+    std::vector<std::string> participants;
+    if (primary_ok) participants.push_back(volume.primary);
+    participants.insert(participants.end(), volume.replicas.begin(), volume.replicas.end());
+    for (const auto& node : participants) {
+      std::pair<std::string, YAML::Mark> chosen;
+      if (auto it = node_paths.find(node); it != node_paths.end()) {
+        chosen = it->second;
+      } else if (common_path) {
+        chosen = *common_path;
+      } else {
+        if (paths_ok && find(keys, "path") == nullptr) {
+          const bool is_primary = primary_ok && node == volume.primary;
+          error(paths_entry ? paths_entry->key.Mark() : item.Mark(), context,
+                "no path for node '" + node + "' (" + (is_primary ? "the primary" : "a replica") +
+                    "); add `" + node +
+                    ": /dev/dax0.0` (its device or file) under paths, or a "
+                    "`path:` for every node");
+        }
+        continue;
+      }
+      std::string normal = std::filesystem::path(chosen.first).lexically_normal().string();
+      std::string at = where(chosen.second);
+      if (auto [first, inserted] = paths_seen.emplace(std::make_pair(node, normal),
+                                                      at + " (volume " + volume.name + ")");
+          !inserted) {
+        error(chosen.second, context + ".paths." + node,
+              "node '" + node + "' already uses '" + chosen.first + "' for another volume (at " +
+                  first->second + "); two volumes cannot share storage");
+        continue;
+      }
+      volume.paths[node] = chosen.first;
+      volume.path_at[node] = at;
+    }
+
+    if (auto* e = find(keys, "create")) {
+      if (auto v = boolean(*e, context + ".create")) volume.create = *v;
+    }
+
+    if (auto* e = find(keys, "allowed_peers"); e == nullptr) {
+      missing("allowed_peers", " (the identities allowed to open the volume, e.g. [app1])");
+    } else if (auto list = name_list(
+                   *e, context + ".allowed_peers", "identity", "[app1, app2]",
+                   "the list is empty, so nobody could open the volume; name at least one "
+                   "identity")) {
+      for (auto& [peer, mark] : *list) volume.allowed_peers.push_back(peer);
+    }
+
+    const Entry* secret = find(keys, "secret");
+    const Entry* secret_file = find(keys, "secret_file");
+    if (secret != nullptr && secret_file != nullptr) {
+      error(secret_file->key.Mark(), context,
+            "give either 'secret' or 'secret_file', not both (secret is at " +
+                where(secret->key.Mark()) + ")");
+    } else if (secret != nullptr) {
+      if (auto text = scalar(*secret, context + ".secret", "a string")) {
+        if (text->size() < kMinSecretLength) {
+          error(secret->value_mark(), context + ".secret",
+                "too short (" + std::to_string(text->size()) + " characters); use at least " +
+                    std::to_string(kMinSecretLength) +
+                    " random characters, e.g. from `openssl rand -base64 32`");
+        } else {
+          volume.secret = *text;
+        }
+      }
+    } else if (secret_file != nullptr) {
+      if (auto path = absolute_path(*secret_file, context + ".secret_file")) {
+        volume.secret_file = *path;
+        volume.secret_file_at = where(secret_file->value_mark());
+      }
+    } else {
+      missing("secret_file", " (or 'secret'): the shared secret that initiators authenticate with");
+    }
+
+    if (auto* e = find(keys, "apm")) {
+      constexpr std::string_view kPolicies[] = {"auto", "on", "off"};
+      if (auto v = one_of(*e, context + ".apm", kPolicies)) {
+        volume.apm = *v == "on" ? ApmPolicy::kOn : *v == "off" ? ApmPolicy::kOff : ApmPolicy::kAuto;
+      }
+    }
+    config.volumes.push_back(std::move(volume));
+  }
+
+  void parse_volumes(const Entry* entry, const YAML::Node& root, ClusterConfig& config) {
+    const char* hint =
+        "; describe at least one volume, e.g.\n"
+        "  volumes:\n"
+        "    - name: db0\n"
+        "      size: 1GiB\n"
+        "      primary: node1\n"
+        "      replicas: [node2]\n"
+        "      path: /dev/dax0.0\n"
+        "      allowed_peers: [app1]\n"
+        "      secret_file: /etc/pmirror/db0.secret";
+    if (entry == nullptr) {
+      error(root.Mark(), "", std::string("no 'volumes' section") + hint);
+      return;
+    }
+    if (entry->value.IsNull() || (entry->value.IsSequence() && entry->value.size() == 0)) {
+      error(entry->value_mark(), "volumes", std::string("no volumes are listed") + hint);
+      return;
+    }
+    if (!entry->value.IsSequence()) {
+      error(entry->value_mark(), "volumes",
+            std::string("expected a list of volumes (each item starting with '- name:'), got ") +
+                type_name(entry->value));
+      return;
+    }
+    std::map<std::string, YAML::Mark> names;
+    PathSeen paths;
+    for (size_t i = 0; i < entry->value.size(); ++i) {
+      parse_volume(entry->value[i], "volumes[" + std::to_string(i) + "]", config, names, paths);
+    }
+  }
+
+  // Fills `config` as far as it can; problems() says what is wrong.
+  void parse(const std::string& text, ClusterConfig& config) {
+    config.source = source_;
+    std::vector<YAML::Node> documents;
+    try {
+      documents = YAML::LoadAll(text);
+    } catch (const YAML::ParserException& e) {
+      error(e.mark, "", "YAML syntax error: " + e.msg);
+      return;
+    } catch (const YAML::Exception& e) {
+      error(e.mark, "", std::string("cannot parse YAML: ") + e.what());
+      return;
+    }
+    if (documents.empty() || documents[0].IsNull()) {
+      error(YAML::Mark::null_mark(), "",
+            "the configuration is empty; see docs/config.md and "
+            "config/cluster.example.yaml for a starting point");
+      return;
+    }
+    if (documents.size() > 1) {
+      error(documents[1].Mark(), "",
+            "found " + std::to_string(documents.size()) +
+                " YAML documents ('---'); the configuration must be a single document");
+      return;
+    }
+    const YAML::Node& root = documents[0];
+    if (!root.IsMap()) {
+      error(root.Mark(), "",
+            std::string("the top level must be a map with 'nodes' and 'volumes' (and optionally "
+                        "'cluster' and 'daemon') keys, got ") +
+                type_name(root));
+      return;
+    }
+    auto keys = entries(root, "", kTopKeys);
+    if (auto* e = find(keys, "cluster"); e != nullptr && !e->value.IsNull()) {
+      if (!e->value.IsMap()) {
+        error(e->value_mark(), "cluster",
+              "expected a map (e.g. {name: prod}), got " + type_name(e->value));
+      } else {
+        auto cluster_keys = entries(e->value, "cluster", kClusterKeys);
+        if (auto* n = find(cluster_keys, "name")) {
+          if (auto v = name(*n, "cluster.name", "cluster name")) config.name = *v;
+        }
+      }
+    }
+    if (auto* e = find(keys, "daemon")) parse_daemon(*e, config.daemon);
+    // Node marks, for problems found once all nodes are known.
+    if (auto* e = find(keys, "nodes"); e != nullptr && e->value.IsSequence()) {
+      for (size_t i = 0; i < e->value.size(); ++i) {
+        const YAML::Node item = e->value[i];
+        if (item.IsMap() && item["name"] && item["name"].IsScalar()) {
+          node_marks_.emplace(item["name"].Scalar(), item.Mark());
+        }
+      }
+    }
+    parse_nodes(find(keys, "nodes"), root, config);
+    parse_volumes(find(keys, "volumes"), root, config);
+  }
+
+ private:
+  std::string source_;
+  std::vector<Problem> problems_;
+  std::map<std::string, YAML::Mark> node_marks_;
+  std::set<std::string> shares_endpoint_;  // nodes with another node's address:port
+};
+
+// Parses without failing: the config as far as it could be read, and every
+// problem (sorted by position).
+ClusterConfig parse_collecting(const std::string& text, const std::string& source,
+                               std::vector<Problem>& problems) {
+  Parser parser(source);
+  ClusterConfig config;
+  parser.parse(text, config);
+  problems = std::move(parser.problems());
+  sort_problems(problems);
+  return config;
+}
+
+size_t volume_index(const ClusterConfig& cluster, const ClusterVolume& volume) {
+  return static_cast<size_t>(&volume - cluster.volumes.data());
+}
+
+// The volume's secret: inline, or read from its secret_file. A problem is
+// "FILE:LINE:COL: volumes[i].secret_file: what".
+std::optional<std::string> volume_secret(const ClusterConfig& cluster, const ClusterVolume& volume,
+                                         std::vector<Problem>& problems) {
+  if (volume.secret_file.empty()) return volume.secret;
+  std::string prefix = volume.secret_file_at + ": volumes[" +
+                       std::to_string(volume_index(cluster, volume)) + "].secret_file: ";
+  auto contents = read_secret_file(volume.secret_file);
+  if (!contents.ok()) {
+    problems.push_back(problem_from_text(cluster.source, prefix + contents.status().message()));
+    return std::nullopt;
+  }
+  if (contents->size() < kMinSecretLength) {
+    problems.push_back(problem_from_text(
+        cluster.source, prefix + "the secret in " + volume.secret_file + " is too short (" +
+                            std::to_string(contents->size()) + " characters); use at least " +
+                            std::to_string(kMinSecretLength) +
+                            " random characters, e.g. `openssl rand -base64 32 > " +
+                            volume.secret_file + "`"));
+    return std::nullopt;
+  }
+  return std::move(*contents);
+}
+
+bool takes_part(const ClusterVolume& volume, const std::string& node) {
+  return volume.primary == node ||
+         std::find(volume.replicas.begin(), volume.replicas.end(), node) != volume.replicas.end();
+}
+
+// An existing file or device at a node's path whose size cannot hold the
+// volume. Regular files must match exactly (they are never resized); a
+// devdax device may be larger (the volume uses a prefix).
+std::optional<std::string> local_size_problem(const std::string& path, uint64_t size) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;  // created or reported at start
+  if (S_ISREG(st.st_mode)) {
+    if (static_cast<uint64_t>(st.st_size) != size) {
+      return path + " is " + std::to_string(st.st_size) + " bytes but the volume's size is " +
+             std::to_string(size) +
+             "; sizes must match on every node (existing files are never resized)";
+    }
+  } else if (S_ISCHR(st.st_mode)) {
+    std::ifstream sys("/sys/dev/char/" + std::to_string(major(st.st_rdev)) + ":" +
+                      std::to_string(minor(st.st_rdev)) + "/size");
+    uint64_t device_size = 0;
+    if (sys >> device_size && device_size < size) {
+      return "device " + path + " holds " + std::to_string(device_size) +
+             " bytes, less than the volume's size " + std::to_string(size);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+const NodeConfig* ClusterConfig::find_node(std::string_view name) const {
+  for (const auto& node : nodes) {
+    if (node.name == name) return &node;
+  }
+  return nullptr;
+}
+
+const ClusterVolume* ClusterConfig::find_volume(std::string_view name) const {
+  for (const auto& volume : volumes) {
+    if (volume.name == name) return &volume;
+  }
+  return nullptr;
+}
+
+Result<ClusterConfig> parse_cluster_config(const std::string& yaml_text,
+                                           const std::string& source_name) {
+  std::vector<Problem> problems;
+  ClusterConfig config = parse_collecting(yaml_text, source_name, problems);
+  if (!problems.empty()) return problems_status(problems);
+  return config;
+}
+
+Result<ClusterConfig> load_cluster_config(const std::string& path) {
+  auto text = read_config_file(path);
+  if (!text.ok()) return text.status();
+  return parse_cluster_config(*text, path);
+}
+
+Result<std::string> resolve_node(const ClusterConfig& cluster, std::string_view explicit_node,
+                                 std::string_view hostname) {
+  std::string names = join(node_names(cluster));
+  if (!explicit_node.empty()) {
+    if (cluster.find_node(explicit_node) != nullptr) return std::string(explicit_node);
+    return Status(Errc::kConfigError, "--node " + std::string(explicit_node) +
+                                          ": no such node in " + cluster.source +
+                                          "; nodes: " + names);
+  }
+  std::string host(hostname);
+  if (host.empty()) {
+    char buffer[HOST_NAME_MAX + 1] = {};
+    if (::gethostname(buffer, sizeof buffer - 1) != 0) {
+      return errno_status(Errc::kConfigError,
+                          "cannot read this machine's host name (name the node with --node NAME)",
+                          errno);
+    }
+    host = buffer;
+  }
+  if (cluster.find_node(host) != nullptr) return host;
+  std::string short_name = host.substr(0, host.find('.'));
+  if (cluster.find_node(short_name) != nullptr) return short_name;
+  return Status(Errc::kConfigError, "this machine's host name '" + host + "' is not a node in " +
+                                        cluster.source + " (nodes: " + names +
+                                        "); say which node this is with --node NAME");
+}
+
+Result<DaemonConfig> daemon_config_for(const ClusterConfig& cluster, const std::string& node) {
+  const NodeConfig* self = cluster.find_node(node);
+  if (self == nullptr) {
+    return Status(Errc::kConfigError, "no node '" + node + "' in " + cluster.source +
+                                          "; nodes: " + join(node_names(cluster)));
+  }
+  DaemonConfig config;
+  config.node = self->name;
+  config.listen_address = self->listen;
+  config.port = self->port;
+  config.transport = self->transport;
+  config.state_pool = self->daemon.state_pool;
+  config.log_level = self->daemon.log_level;
+  config.control_socket = self->daemon.control_socket;
+  config.metrics = self->daemon.metrics;
+  config.heartbeat_interval = self->daemon.heartbeat_interval;
+  config.heartbeat_timeout = self->daemon.heartbeat_timeout;
+  config.reconnect_initial = self->daemon.reconnect_initial;
+  config.reconnect_max = self->daemon.reconnect_max;
+  std::vector<Problem> problems;
+  for (const auto& volume : cluster.volumes) {
+    if (std::find(volume.replicas.begin(), volume.replicas.end(), node) == volume.replicas.end()) {
+      continue;
+    }
+    auto secret = volume_secret(cluster, volume, problems);
+    if (!secret) continue;
+    VolumeConfig served;
+    served.name = volume.name;
+    served.path = volume.paths.at(node);
+    served.size = volume.size;
+    served.create = volume.create;
+    served.allowed_peers = volume.allowed_peers;
+    served.secret = std::move(*secret);
+    served.apm = volume.apm;
+    config.volumes.push_back(std::move(served));
+  }
+  if (!problems.empty()) {
+    sort_problems(problems);
+    return problems_status(problems);
+  }
+  config.cluster = cluster;
+  return config;
+}
+
+Result<InitiatorPlan> initiator_plan(const ClusterConfig& cluster, const std::string& volume,
+                                     const std::string& node) {
+  const ClusterVolume* found = cluster.find_volume(volume);
+  if (found == nullptr) {
+    std::vector<std::string> names;
+    for (const auto& v : cluster.volumes) names.push_back(v.name);
+    return Status(Errc::kConfigError,
+                  "no volume '" + volume + "' in " + cluster.source + "; volumes: " + join(names));
+  }
+  if (found->primary != node) {
+    return Status(Errc::kConfigError, "volume '" + volume + "' has its primary on node '" +
+                                          found->primary + "', not on '" + node + "' (" +
+                                          cluster.source +
+                                          "); libpmirror opens a volume on its primary node");
+  }
+  std::vector<Problem> problems;
+  auto secret = volume_secret(cluster, *found, problems);
+  if (!secret) return problems_status(problems);
+  InitiatorPlan plan;
+  plan.volume = found->name;
+  plan.node = node;
+  plan.local_path = found->paths.at(node);
+  plan.size = found->size;
+  plan.create = found->create;
+  plan.secret = std::move(*secret);
+  plan.allowed_peers = found->allowed_peers;
+  for (const auto& name : found->replicas) {
+    const NodeConfig* replica = cluster.find_node(name);
+    plan.replicas.push_back({replica->name, replica->address, replica->port, replica->transport});
+  }
+  plan.ack = found->ack;
+  plan.on_insufficient = found->on_insufficient;
+  plan.heartbeat_interval = cluster.daemon.heartbeat_interval;
+  plan.heartbeat_timeout = cluster.daemon.heartbeat_timeout;
+  plan.reconnect_initial = cluster.daemon.reconnect_initial;
+  plan.reconnect_max = cluster.daemon.reconnect_max;
+  return plan;
+}
+
+std::vector<std::string> check_cluster_file(const std::string& path, std::string_view node) {
+  auto text = read_config_file(path);
+  if (!text.ok()) return {text.status().message()};
+  std::vector<Problem> problems;
+  ClusterConfig config = parse_collecting(*text, path, problems);
+
+  std::string self;
+  if (!node.empty()) {
+    if (auto resolved = resolve_node(config, node); resolved.ok()) {
+      self = *resolved;
+    } else {
+      problems.push_back({0, 0, resolved.status().message()});
+    }
+  } else if (auto resolved = resolve_node(config, {}); resolved.ok()) {
+    self = *resolved;
+  }
+  for (size_t i = 0; i < config.volumes.size(); ++i) {
+    const ClusterVolume& volume = config.volumes[i];
+    if (!self.empty() && !takes_part(volume, self)) continue;
+    (void)volume_secret(config, volume, problems);
+    if (self.empty() || volume.size == 0) continue;
+    if (auto it = volume.paths.find(self); it != volume.paths.end()) {
+      if (auto problem = local_size_problem(it->second, volume.size)) {
+        problems.push_back(problem_from_text(path, volume.path_at.at(self) + ": volumes[" +
+                                                       std::to_string(i) + "].paths." + self +
+                                                       ": " + *problem));
+      }
+    }
+  }
+  sort_problems(problems);
+  std::vector<std::string> out;
+  for (auto& p : problems) out.push_back(std::move(p.text));
+  return out;
+}
+
+}  // namespace pmirror::config
