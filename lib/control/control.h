@@ -1,0 +1,170 @@
+// The control socket: how pmirrorctl (and anything else root runs on the
+// node) asks pmirrord and every process with a volume open through
+// libpmirror what it is doing. docs/control.md is the reference.
+//
+// A Unix stream socket, mode 0600 (its owner -- root -- only), speaking
+// newline-delimited JSON: one request line, one response line,
+//
+//   -> {"command":"status"}
+//   <- {"ok":true,"result":{...}}
+//   <- {"ok":false,"error":{"code":"not found","message":"no volume 'x'"}}
+//
+// and `{"command":"events"}`, after whose response the connection carries
+// every published event, one JSON object per line, until either side closes.
+//
+// Embedding a server (pmirrord, libpmirror):
+//
+//   auto server = control::Server::start(control::initiator_socket_path(getpid()),
+//       [&](const nlohmann::json& request) -> Result<nlohmann::json> {
+//         if (request["command"] == "status") return my_status_json();
+//         return control::unknown_command(request);
+//       });
+//   if (!server.ok()) spdlog::warn("{}", server.status().message());
+//   ...
+//   (*server)->publish({{"time", ...}, {"volume", "db0"}, {"from", ...}, ...});
+//
+// The Server owns its threads; destroying it stops serving, joins them and
+// removes the socket file.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace pmirror::control {
+
+// The version of the status object and of pmirrorctl's merged JSON.
+constexpr int kSchemaVersion = 1;
+// A request line longer than this is refused and the connection closed.
+constexpr size_t kMaxRequestBytes = 64 * 1024;
+// A response line longer than this is refused by the client.
+constexpr size_t kMaxResponseBytes = 16 * 1024 * 1024;
+// Events queued for one subscriber before further ones are dropped (the
+// subscriber then receives {"dropped": N} before the next event it gets).
+constexpr size_t kSubscriberQueueLimit = 1024;
+// Connections served at once; more are answered with an error and closed.
+constexpr size_t kMaxConnections = 64;
+
+// Where control sockets live: $PMIRROR_RUNTIME_DIR, else /run/pmirror.
+std::string runtime_dir();
+// pmirrord's socket in `dir`: <dir>/pmirrord.sock.
+std::string daemon_socket_path(const std::string& dir = runtime_dir());
+// A libpmirror process's socket: <dir>/initiator-<pid>.sock.
+std::string initiator_socket_path(pid_t pid, const std::string& dir = runtime_dir());
+
+struct InitiatorSocket {
+  pid_t pid = 0;
+  std::string path;
+};
+// Every initiator-<pid>.sock in `dir`, sorted by pid. A missing directory is
+// an empty list; an unreadable one an error.
+Result<std::vector<InitiatorSocket>> list_initiator_sockets(const std::string& dir = runtime_dir());
+
+// Handles one request (a JSON object with a string "command"; never
+// "events", which the Server handles). Calls are serialised by the Server,
+// so the handler needs no locking of its own against other requests.
+// An error Status becomes {"ok":false,"error":{"code":errc_name,"message":...}}.
+using Handler = std::function<Result<nlohmann::json>(const nlohmann::json& request)>;
+
+// The error a Handler returns for a command it does not know.
+Status unknown_command(const nlohmann::json& request);
+
+class Server {
+ public:
+  // Creates the parent directory if missing (0755), replaces a stale socket
+  // file, refuses if a live process answers on `socket_path` ("another
+  // pmirrord is already running (pid N) on PATH") or if the path exists and
+  // is not a socket, binds (mode 0600 before anyone can connect) and starts
+  // serving on its own threads.
+  static Result<std::unique_ptr<Server>> start(const std::string& socket_path, Handler handler);
+  // Stops accepting, closes every connection, joins the threads, removes
+  // the socket file (only if it is still ours).
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Sends `event` as one line to every subscriber. Thread-safe, never
+  // blocks on a subscriber: each has a bounded queue; on overflow the event
+  // is dropped for that subscriber and it is told how many it missed.
+  void publish(const nlohmann::json& event);
+
+  const std::string& path() const;
+  size_t subscriber_count() const;
+
+  class Impl;
+
+ private:
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// One request, one response. Errors name the socket and what to do:
+//   kNotFound          "<name> is not running (no socket at PATH)"
+//   kInvalidArgument   "PATH is not a socket"
+//   kConnectionError   "stale socket PATH: nothing is listening ..."
+//   kPermissionDenied  "permission denied on PATH: run as root"
+//   kTimeout           "no answer from PATH within N ms"
+// An {"ok":false} reply becomes its Errc (by name) and message.
+// <name> is the socket file's name without ".sock" (pmirrord, initiator-42).
+Result<nlohmann::json> request(const std::string& socket_path, const nlohmann::json& request,
+                               std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+// Connects and hangs up: Ok if something answers on `socket_path`, else the
+// errors of request().
+Status probe(const std::string& socket_path,
+             std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+// Subscribes to events and calls `on_event` for each, until it returns
+// false (Ok), `stop` is requested (Ok) or the connection ends (kClosed:
+// "PATH closed the connection"). Connection errors as request().
+Status subscribe(const std::string& socket_path,
+                 const std::function<bool(const nlohmann::json& event)>& on_event,
+                 std::stop_token stop = {},
+                 std::chrono::milliseconds connect_timeout = std::chrono::seconds(5));
+
+// errc_name() backwards; unknown names are kInternal.
+Errc errc_from_name(std::string_view name);
+
+// ---- pmirrorctl's presentation (here so that it can be tested) ----------
+
+// {"schema_version":1,"processes":[status objects...]} keeping, when
+// `volume` is set, only that volume (and the processes that have it).
+nlohmann::json merge_status(const std::vector<nlohmann::json>& statuses,
+                            const std::optional<std::string>& volume = std::nullopt);
+// Sorted, unique names of every volume in a merged status.
+std::vector<std::string> volume_names(const nlohmann::json& merged);
+
+struct HumanFormat {
+  std::chrono::system_clock::time_point now = std::chrono::system_clock::now();
+  bool utc = false;  // print times in UTC instead of local time
+};
+
+// drbdadm-status-like text of a merged status: one line per volume, one
+// indented line per peer. Unknown or missing fields are left out.
+std::string format_status_human(const nlohmann::json& merged,
+                                const std::optional<std::string>& volume,
+                                const HumanFormat& format = {});
+// "16:01:02 db0 node2: connected -> disconnected (nothing heard for 5000 ms)"
+std::string format_event_human(const nlohmann::json& event, const HumanFormat& format = {});
+
+// 1073741824 -> "1GiB", 1610612736 -> "1.5GiB", 4096 -> "4KiB", 100 -> "100B".
+std::string format_size(uint64_t bytes);
+// Microseconds: 55.2 -> "55us", 1234 -> "1.2ms", 2500000 -> "2.5s".
+std::string format_latency_us(double microseconds);
+// "2026-11-29T16:01:02Z" (fraction optional) -> time point.
+std::optional<std::chrono::system_clock::time_point> parse_time(std::string_view iso8601);
+// A time point as "2026-11-29T16:01:02Z" (what servers put in "since"/"time").
+std::string format_time(std::chrono::system_clock::time_point time);
+
+}  // namespace pmirror::control
