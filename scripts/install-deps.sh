@@ -10,6 +10,8 @@ packages=(
   libspdlog-dev libfmt-dev libcli11-dev libyaml-cpp-dev
   googletest libgtest-dev libgmock-dev
   nlohmann-json3-dev libssl-dev libxxhash-dev libsystemd-dev
+  prometheus-cpp-dev
+  systemd
   procps iproute2 python3
 )
 

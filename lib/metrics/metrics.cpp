@@ -1,0 +1,523 @@
+#include "metrics/metrics.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <prometheus/client_metric.h>
+#include <prometheus/collectable.h>
+#include <prometheus/exposer.h>
+#include <prometheus/metric_family.h>
+#include <prometheus/text_serializer.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <exception>
+#include <limits>
+#include <set>
+#include <tuple>
+#include <utility>
+
+namespace pmirror::metrics {
+
+namespace {
+
+using nlohmann::json;
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+using Labels = std::vector<ClientMetric::Label>;
+
+// The peer states of docs/status-schema.md; pmirror_peer_state has one
+// series per state so that a dashboard can graph "how many peers are X".
+constexpr const char* kPeerStates[] = {"connecting",   "handshaking", "connected",
+                                       "disconnected", "refused",     "failed"};
+
+// Builds the families of one scrape. Unusable fields are skipped and
+// counted in errors_.
+class Converter {
+ public:
+  std::vector<MetricFamily> convert(const json& snapshot) {
+    bool up = snapshot.is_object();
+    if (!up) {
+      error("the snapshot is not a JSON object");
+    } else {
+      process(snapshot);
+      volumes(snapshot);
+    }
+    gauge("pmirror_up", "1 when the process answered its status snapshot, 0 when it failed", {},
+          up ? 1 : 0);
+    return finish();
+  }
+
+  // Called when the snapshot function itself failed.
+  std::vector<MetricFamily> failed(const std::string& why) {
+    error(why);
+    gauge("pmirror_up", "1 when the process answered its status snapshot, 0 when it failed", {}, 0);
+    return finish();
+  }
+
+  uint64_t errors() const { return errors_; }
+
+ private:
+  void error(const std::string& what) {
+    ++errors_;
+    spdlog::debug("metrics: snapshot: {}", what);
+  }
+
+  MetricFamily& family(const std::string& name, const std::string& help, MetricType type) {
+    for (auto& f : families_) {
+      if (f.name == name) return f;
+    }
+    families_.push_back(MetricFamily{name, help, type, {}});
+    return families_.back();
+  }
+
+  void gauge(const std::string& name, const std::string& help, Labels labels, double value) {
+    ClientMetric m;
+    m.label = std::move(labels);
+    m.gauge.value = value;
+    family(name, help, MetricType::Gauge).metric.push_back(std::move(m));
+  }
+
+  void counter(const std::string& name, const std::string& help, Labels labels, double value) {
+    ClientMetric m;
+    m.label = std::move(labels);
+    m.counter.value = value;
+    family(name, help, MetricType::Counter).metric.push_back(std::move(m));
+  }
+
+  // A field that should be a number: absent -> nullopt quietly (fields are
+  // optional per role), present with another type -> nullopt and an error.
+  std::optional<double> number(const json& object, const char* key, const std::string& where) {
+    auto it = object.find(key);
+    if (it == object.end() || it->is_null()) return std::nullopt;
+    if (!it->is_number()) {
+      error(where + "." + key + " is not a number");
+      return std::nullopt;
+    }
+    double value = it->get<double>();
+    if (!std::isfinite(value)) {
+      error(where + "." + key + " is not finite");
+      return std::nullopt;
+    }
+    return value;
+  }
+
+  std::optional<std::string> text(const json& object, const char* key, const std::string& where) {
+    auto it = object.find(key);
+    if (it == object.end() || it->is_null()) return std::nullopt;
+    if (!it->is_string()) {
+      error(where + "." + key + " is not a string");
+      return std::nullopt;
+    }
+    return it->get<std::string>();
+  }
+
+  void process(const json& snapshot) {
+    auto it = snapshot.find("process");
+    if (it == snapshot.end()) return;
+    if (!it->is_object()) {
+      error("process is not an object");
+      return;
+    }
+    Labels labels;
+    for (const char* key : {"kind", "node", "identity", "version"}) {
+      if (auto value = text(*it, key, "process")) labels.push_back({key, *value});
+    }
+    gauge("pmirror_process_info", "constant 1, labelled with what the process is", labels, 1);
+  }
+
+  void volumes(const json& snapshot) {
+    auto it = snapshot.find("volumes");
+    if (it == snapshot.end()) return;
+    if (!it->is_array()) {
+      error("volumes is not an array");
+      return;
+    }
+    std::set<std::pair<std::string, std::string>> seen;
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& v = (*it)[i];
+      std::string where = "volumes[" + std::to_string(i) + "]";
+      if (!v.is_object()) {
+        error(where + " is not an object");
+        continue;
+      }
+      auto name = text(v, "name", where);
+      if (!name || name->empty()) {
+        error(where + " has no name");
+        continue;
+      }
+      std::string role = text(v, "role", where).value_or("");
+      if (!seen.insert({*name, role}).second) {
+        error(where + ": volume '" + *name + "' (" + role + ") appears twice");
+        continue;
+      }
+      volume(v, *name, role, "volume '" + *name + "'");
+    }
+  }
+
+  void volume(const json& v, const std::string& name, const std::string& role,
+              const std::string& where) {
+    Labels labels{{"volume", name}, {"role", role}};
+    if (auto size = number(v, "size", where)) {
+      gauge("pmirror_volume_size_bytes", "size of the volume in bytes", labels, *size);
+    }
+    if (auto generation = number(v, "generation", where)) {
+      gauge("pmirror_volume_generation",
+            "the volume's generation (raised when a new primary takes it over)", labels,
+            *generation);
+    }
+    if (auto last = number(v, "last_sequence", where)) {
+      gauge("pmirror_volume_last_sequence",
+            "replica: last sequence recorded; primary: last sequence started", labels, *last);
+    }
+    Labels info = labels;
+    if (auto path = text(v, "path", where)) info.push_back({"path", *path});
+    if (auto backing = text(v, "backing", where)) info.push_back({"backing", *backing});
+    gauge("pmirror_volume_info", "constant 1, labelled with the volume's path and backing", info,
+          1);
+
+    auto peers = v.find("peers");
+    if (peers == v.end()) return;
+    if (!peers->is_array()) {
+      error(where + ".peers is not an array");
+      return;
+    }
+    std::set<std::string> seen;
+    for (size_t i = 0; i < peers->size(); ++i) {
+      const json& p = (*peers)[i];
+      std::string peer_where = where + ".peers[" + std::to_string(i) + "]";
+      if (!p.is_object()) {
+        error(peer_where + " is not an object");
+        continue;
+      }
+      auto peer_name = text(p, "name", peer_where);
+      if (!peer_name || peer_name->empty()) peer_name = text(p, "address", peer_where);
+      if (!peer_name || peer_name->empty()) {
+        error(peer_where + " has neither name nor address");
+        continue;
+      }
+      if (!seen.insert(*peer_name).second) {
+        error(peer_where + ": peer '" + *peer_name + "' appears twice");
+        continue;
+      }
+      peer(p, labels, *peer_name, where + " peer '" + *peer_name + "'");
+    }
+  }
+
+  void peer(const json& p, const Labels& volume_labels, const std::string& name,
+            const std::string& where) {
+    Labels labels = volume_labels;
+    labels.push_back({"peer", name});
+
+    if (auto state = text(p, "state", where)) {
+      gauge("pmirror_peer_connected", "1 when the connection to the peer is up, else 0", labels,
+            *state == "connected" ? 1 : 0);
+      bool known = false;
+      for (const char* s : kPeerStates) {
+        Labels with_state = labels;
+        with_state.push_back({"state", s});
+        known = known || *state == s;
+        gauge("pmirror_peer_state", "1 for the peer's current connection state, 0 for the others",
+              with_state, *state == s ? 1 : 0);
+      }
+      if (!known) {
+        Labels with_state = labels;
+        with_state.push_back({"state", *state});
+        gauge("pmirror_peer_state", "1 for the peer's current connection state, 0 for the others",
+              with_state, 1);
+      }
+    }
+    Labels info = labels;
+    for (const char* key : {"address", "transport", "method"}) {
+      if (auto value = text(p, key, where)) info.push_back({key, *value});
+    }
+    gauge("pmirror_peer_info", "constant 1, labelled with the peer's address, transport, method",
+          info, 1);
+
+    if (auto lag = number(p, "lag", where)) {
+      gauge("pmirror_replication_lag",
+            "sequences started but not yet acknowledged by the peer (primary side)", labels, *lag);
+    }
+    if (auto acked = number(p, "acknowledged_sequence", where)) {
+      gauge("pmirror_peer_acknowledged_sequence", "last sequence the peer acknowledged", labels,
+            *acked);
+    }
+    if (auto persists = number(p, "persists", where)) {
+      counter("pmirror_persists_total",
+              "primary: persists completed on the peer; replica: commits applied", labels,
+              *persists);
+    }
+    if (auto bytes = number(p, "bytes", where)) {
+      counter("pmirror_bytes_total", "bytes replicated to (primary) or from (replica) the peer",
+              labels, *bytes);
+    }
+    if (auto errors = number(p, "errors", where)) {
+      counter("pmirror_errors_total", "errors on the peer's connection", labels, *errors);
+    }
+    latency_summary(p, labels, where);
+    latency_histogram(p, labels, where);
+  }
+
+  void latency_summary(const json& p, const Labels& labels, const std::string& where) {
+    auto it = p.find("latency_us");
+    if (it == p.end() || it->is_null()) return;
+    if (!it->is_object()) {
+      error(where + ".latency_us is not an object");
+      return;
+    }
+    std::string sub = where + ".latency_us";
+    auto count = number(*it, "count", sub);
+    if (!count || *count < 0) {
+      if (!count) error(sub + " has no count");
+      return;
+    }
+    ClientMetric m;
+    m.label = labels;
+    m.summary.sample_count = static_cast<uint64_t>(*count);
+    // The status JSON carries quantiles and a count; the sum only if the
+    // process keeps one. Without it _sum is NaN rather than a made-up value.
+    auto sum = number(*it, "sum", sub);
+    m.summary.sample_sum = sum ? *sum / 1e6 : std::numeric_limits<double>::quiet_NaN();
+    for (auto [key, q] :
+         {std::pair{"p50", 0.5}, std::pair{"p99", 0.99}, std::pair{"p999", 0.999}}) {
+      if (auto value = number(*it, key, sub)) {
+        m.summary.quantile.push_back({q, *value / 1e6});
+      }
+    }
+    family("pmirror_persist_latency_seconds",
+           "persist latency on the peer (primary side): quantiles over the process's recent "
+           "persists, count since start",
+           MetricType::Summary)
+        .metric.push_back(std::move(m));
+  }
+
+  void latency_histogram(const json& p, const Labels& labels, const std::string& where) {
+    auto it = p.find("latency_histogram");
+    if (it == p.end() || it->is_null()) return;
+    std::string sub = where + ".latency_histogram";
+    if (!it->is_object()) {
+      error(sub + " is not an object");
+      return;
+    }
+    auto count = number(*it, "count", sub);
+    auto sum = number(*it, "sum_seconds", sub);
+    auto buckets = it->find("buckets");
+    if (!count || *count < 0 || buckets == it->end() || !buckets->is_array()) {
+      error(sub + " needs count and a buckets array");
+      return;
+    }
+    ClientMetric m;
+    m.label = labels;
+    m.histogram.sample_count = static_cast<uint64_t>(*count);
+    m.histogram.sample_sum = sum ? *sum : std::numeric_limits<double>::quiet_NaN();
+    double previous_le = -std::numeric_limits<double>::infinity();
+    double previous_count = 0;
+    for (const json& b : *buckets) {
+      std::optional<double> le, cumulative;
+      if (b.is_object()) {
+        le = number(b, "le", sub);
+        cumulative = number(b, "count", sub);
+      }
+      if (!le || !cumulative || *le <= previous_le || *cumulative < previous_count ||
+          *cumulative > *count) {
+        error(sub + ": buckets must be {le, count} with le rising and cumulative counts");
+        return;
+      }
+      m.histogram.bucket.push_back({static_cast<uint64_t>(*cumulative), *le});
+      previous_le = *le;
+      previous_count = *cumulative;
+    }
+    m.histogram.bucket.push_back(
+        {static_cast<uint64_t>(*count), std::numeric_limits<double>::infinity()});
+    family("pmirror_persist_latency_histogram_seconds",
+           "persist latency on the peer (primary side) as a histogram, since start",
+           MetricType::Histogram)
+        .metric.push_back(std::move(m));
+  }
+
+  std::vector<MetricFamily> finish() {
+    std::vector<MetricFamily> out;
+    for (auto& f : families_) {
+      if (!f.metric.empty()) out.push_back(std::move(f));
+    }
+    families_.clear();
+    return out;
+  }
+
+  std::vector<MetricFamily> families_;
+  uint64_t errors_ = 0;
+};
+
+constexpr const char* kErrorsHelp =
+    "status snapshot fields that could not be exported (wrong type, missing name, duplicates) "
+    "and failed snapshots, since the exporter started";
+
+MetricFamily errors_family(uint64_t errors) {
+  ClientMetric m;
+  m.counter.value = static_cast<double>(errors);
+  return MetricFamily{
+      "pmirror_metrics_snapshot_errors_total", kErrorsHelp, MetricType::Counter, {m}};
+}
+
+class SnapshotCollectable : public prometheus::Collectable {
+ public:
+  explicit SnapshotCollectable(SnapshotFn snapshot) : snapshot_(std::move(snapshot)) {}
+
+  std::vector<MetricFamily> Collect() const override {
+    Converter converter;
+    std::vector<MetricFamily> families;
+    try {
+      families = converter.convert(snapshot_());
+    } catch (const std::exception& e) {
+      families = converter.failed(std::string("the snapshot failed: ") + e.what());
+    } catch (...) {
+      families = converter.failed("the snapshot failed");
+    }
+    uint64_t total = errors_.fetch_add(converter.errors()) + converter.errors();
+    families.push_back(errors_family(total));
+    return families;
+  }
+
+ private:
+  SnapshotFn snapshot_;
+  mutable std::atomic<uint64_t> errors_{0};
+};
+
+Status bad_address(std::string_view host_port, std::string_view why) {
+  return Status(Errc::kConfigError, "metrics address '" + std::string(host_port) +
+                                        "': expected HOST:PORT (" + std::string(why) +
+                                        "), e.g. 127.0.0.1:9942 or [::1]:9942");
+}
+
+}  // namespace
+
+Result<Endpoint> parse_endpoint(std::string_view host_port) {
+  Endpoint endpoint;
+  std::string_view port_text;
+  if (!host_port.empty() && host_port.front() == '[') {
+    size_t close = host_port.find(']');
+    if (close == std::string_view::npos)
+      return bad_address(host_port, "no ']' after the IPv6 address");
+    endpoint.host = std::string(host_port.substr(1, close - 1));
+    if (close + 1 >= host_port.size() || host_port[close + 1] != ':') {
+      return bad_address(host_port, "no ':PORT' after ']'");
+    }
+    port_text = host_port.substr(close + 2);
+  } else {
+    size_t colon = host_port.rfind(':');
+    if (colon == std::string_view::npos) return bad_address(host_port, "no ':PORT'");
+    endpoint.host = std::string(host_port.substr(0, colon));
+    if (endpoint.host.find(':') != std::string::npos) {
+      return bad_address(host_port, "write an IPv6 address in brackets");
+    }
+    port_text = host_port.substr(colon + 1);
+  }
+  if (endpoint.host.empty()) return bad_address(host_port, "the host is empty");
+  unsigned port = 0;
+  auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (port_text.empty() || ec != std::errc() || end != port_text.data() + port_text.size() ||
+      port > 65535) {
+    return bad_address(host_port, "the port must be a number from 0 to 65535");
+  }
+  endpoint.port = static_cast<uint16_t>(port);
+  return endpoint;
+}
+
+std::string render_text(const nlohmann::json& snapshot) {
+  SnapshotCollectable collectable([snapshot] { return snapshot; });
+  return prometheus::TextSerializer().Serialize(collectable.Collect());
+}
+
+class Exporter::Impl {
+ public:
+  // Declared before the exposer: the server (and its threads) go first.
+  std::shared_ptr<SnapshotCollectable> collectable;
+  std::unique_ptr<prometheus::Exposer> exposer;
+};
+
+Result<std::unique_ptr<Exporter>> Exporter::start(const std::string& host_port,
+                                                  SnapshotFn snapshot) {
+  PMIRROR_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(host_port));
+  if (!snapshot) return Status(Errc::kInvalidArgument, "metrics: no snapshot function");
+
+  // civetweb wants a numeric address; resolve names here so that a typo is
+  // reported as such.
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  std::string port_text = std::to_string(endpoint.port);
+  int rc = ::getaddrinfo(endpoint.host.c_str(), port_text.c_str(), &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    return Status(Errc::kConfigError, "metrics address '" + host_port + "': cannot resolve '" +
+                                          endpoint.host + "': " + ::gai_strerror(rc));
+  }
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> addresses(found, ::freeaddrinfo);
+  char numeric[NI_MAXHOST] = {};
+  if (::getnameinfo(found->ai_addr, found->ai_addrlen, numeric, sizeof numeric, nullptr, 0,
+                    NI_NUMERICHOST) != 0) {
+    return Status(Errc::kConfigError,
+                  "metrics address '" + host_port + "': cannot print the resolved address");
+  }
+  bool v6 = found->ai_family == AF_INET6;
+
+  // Bind once ourselves first: civetweb only says "binding failed", the
+  // kernel says why.
+  {
+    int fd = ::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return errno_status(Errc::kConnectionError, "metrics: socket", errno);
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    int bound = ::bind(fd, found->ai_addr, found->ai_addrlen);
+    int err = errno;
+    ::close(fd);
+    if (bound != 0) {
+      Status status = errno_status(Errc::kConnectionError,
+                                   "metrics address '" + host_port + "': cannot listen", err);
+      if (err == EADDRINUSE) {
+        return Status(status.code(), status.message() +
+                                         " (another process has the port: stop it or choose "
+                                         "another port for daemon.metrics)");
+      }
+      return status;
+    }
+  }
+
+  std::string listen =
+      v6 ? "[" + std::string(numeric) + "]:" + port_text : std::string(numeric) + ":" + port_text;
+  auto impl = std::make_unique<Impl>();
+  impl->collectable = std::make_shared<SnapshotCollectable>(std::move(snapshot));
+  try {
+    impl->exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", listen, "num_threads", "2", "request_timeout_ms", "10000"});
+  } catch (const std::exception& e) {
+    return Status(
+        Errc::kConnectionError,
+        "metrics address '" + host_port + "': cannot listen on " + listen + ": " + e.what() +
+            (v6 ? " (this civetweb may be built without IPv6: use an IPv4 address)" : ""));
+  }
+  impl->exposer->RegisterCollectable(impl->collectable);
+  auto ports = impl->exposer->GetListeningPorts();
+  uint16_t port = ports.empty() ? endpoint.port : static_cast<uint16_t>(ports.front());
+  std::string address = v6 ? "[" + std::string(numeric) + "]:" + std::to_string(port)
+                           : std::string(numeric) + ":" + std::to_string(port);
+  spdlog::info("metrics: serving http://{}/metrics", address);
+  return std::unique_ptr<Exporter>(new Exporter(std::move(impl), std::move(address)));
+}
+
+Exporter::Exporter(std::unique_ptr<Impl> impl, std::string address)
+    : impl_(std::move(impl)), address_(std::move(address)) {}
+
+Exporter::~Exporter() = default;
+
+uint16_t Exporter::port() const {
+  auto ports = impl_->exposer->GetListeningPorts();
+  return ports.empty() ? 0 : static_cast<uint16_t>(ports.front());
+}
+
+}  // namespace pmirror::metrics

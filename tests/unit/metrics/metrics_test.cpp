@@ -1,0 +1,311 @@
+// The Prometheus exporter: series, labels and values from a canned status
+// snapshot, scraped over HTTP with a plain socket.
+#include "metrics/metrics.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace pmirror::metrics {
+namespace {
+
+using nlohmann::json;
+
+json canned() {
+  return json::parse(R"({
+    "schema_version": 1,
+    "process": {"kind": "pmirrord", "pid": 1234, "node": "node2", "version": "0.1.0"},
+    "volumes": [
+      {"name": "db0", "role": "primary", "size": 1073741824, "path": "/dev/dax0.0",
+       "backing": "devdax", "generation": 3, "last_sequence": 123456,
+       "peers": [
+         {"name": "node2", "address": "10.0.0.2:7450", "transport": "rdma",
+          "state": "connected", "method": "apm", "acknowledged_sequence": 123450, "lag": 6,
+          "persists": 123450, "bytes": 987654321, "errors": 2,
+          "latency_us": {"p50": 55.0, "p99": 130.0, "p999": 900.0, "count": 123450,
+                         "sum": 7000000.0},
+          "latency_histogram": {"count": 100, "sum_seconds": 0.01,
+                                "buckets": [{"le": 0.00005, "count": 40},
+                                            {"le": 0.0001, "count": 90}]}},
+         {"name": "node3", "address": "10.0.0.3:7450", "transport": "tcp",
+          "state": "disconnected", "lag": 100, "persists": 5, "bytes": 10, "errors": 0}
+       ]}
+    ]
+  })");
+}
+
+// "name{a="1",b="2"} value" lines -> value, keyed by name and sorted labels.
+using Labels = std::map<std::string, std::string>;
+std::map<std::string, double> parse(const std::string& text) {
+  std::map<std::string, double> series;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    size_t value_at = line.rfind(' ');
+    std::string key = line.substr(0, value_at);
+    Labels labels;
+    std::string name = key;
+    if (auto brace = key.find('{'); brace != std::string::npos) {
+      name = key.substr(0, brace);
+      std::string body = key.substr(brace + 1, key.size() - brace - 2);
+      size_t i = 0;
+      while (i < body.size()) {
+        size_t eq = body.find('=', i);
+        std::string label = body.substr(i, eq - i);
+        size_t end = body.find('"', eq + 2);
+        labels[label] = body.substr(eq + 2, end - eq - 2);
+        i = end + 2;  // past '",'
+      }
+    }
+    std::string canonical = name + "{";
+    for (const auto& [k, v] : labels) canonical += k + "=" + v + ",";
+    canonical += "}";
+    std::string value = line.substr(value_at + 1);
+    series[canonical] = value == "Nan" || value == "NaN" ? std::nan("") : std::stod(value);
+  }
+  return series;
+}
+
+std::optional<double> value(const std::map<std::string, double>& series, const std::string& name,
+                            const Labels& labels = {}) {
+  std::string canonical = name + "{";
+  for (const auto& [k, v] : labels) canonical += k + "=" + v + ",";
+  canonical += "}";
+  auto it = series.find(canonical);
+  if (it == series.end()) return std::nullopt;
+  return it->second;
+}
+
+std::string http_get(uint16_t port, const std::string& path) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    throw std::runtime_error("connect failed");
+  }
+  std::string request = "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+  ::send(fd, request.data(), request.size(), 0);
+  std::string response;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = ::recv(fd, buffer, sizeof buffer, 0)) > 0) response.append(buffer, n);
+  ::close(fd);
+  return response;
+}
+
+std::string body_of(const std::string& response) {
+  auto at = response.find("\r\n\r\n");
+  return at == std::string::npos ? "" : response.substr(at + 4);
+}
+
+const Labels kNode2{{"volume", "db0"}, {"role", "primary"}, {"peer", "node2"}};
+const Labels kNode3{{"volume", "db0"}, {"role", "primary"}, {"peer", "node3"}};
+
+Labels with(Labels labels, const std::string& k, const std::string& v) {
+  labels[k] = v;
+  return labels;
+}
+
+TEST(MetricsTest, ParsesEndpoints) {
+  auto v4 = parse_endpoint("127.0.0.1:9942");
+  ASSERT_TRUE(v4.ok());
+  EXPECT_EQ(v4->host, "127.0.0.1");
+  EXPECT_EQ(v4->port, 9942);
+  auto v6 = parse_endpoint("[::1]:0");
+  ASSERT_TRUE(v6.ok());
+  EXPECT_EQ(v6->host, "::1");
+  EXPECT_EQ(v6->port, 0);
+  for (const char* bad : {"", "x", "9942", ":9942", "host:", "host:http", "host:65536", "::1:80",
+                          "[::1]", "[::1]80", "host:80x"}) {
+    auto r = parse_endpoint(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), Errc::kConfigError);
+    EXPECT_NE(
+        r.status().message().find("metrics address '" + std::string(bad) + "': expected HOST:PORT"),
+        std::string::npos)
+        << r.status().message();
+  }
+}
+
+TEST(MetricsTest, BadAddressesAreClearErrors) {
+  auto r = Exporter::start("x", [] { return json::object(); });
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message().rfind("metrics address 'x': expected HOST:PORT", 0), 0u)
+      << r.status().message();
+  r = Exporter::start("no-such-host.invalid:9942", [] { return json::object(); });
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("cannot resolve 'no-such-host.invalid'"), std::string::npos)
+      << r.status().message();
+}
+
+TEST(MetricsTest, PortInUseIsAClearError) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  std::string address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  auto r = Exporter::start(address, [] { return json::object(); });
+  ::close(fd);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Errc::kConnectionError);
+  EXPECT_NE(r.status().message().find("metrics address '" + address + "': cannot listen"),
+            std::string::npos)
+      << r.status().message();
+  EXPECT_NE(r.status().message().find("in use"), std::string::npos) << r.status().message();
+}
+
+TEST(MetricsTest, ScrapeShowsTheSnapshot) {
+  std::mutex mutex;
+  json snapshot = canned();
+  auto exporter = Exporter::start("127.0.0.1:0", [&] {
+    std::lock_guard lock(mutex);
+    return snapshot;
+  });
+  ASSERT_TRUE(exporter.ok()) << exporter.status().message();
+  ASSERT_NE((*exporter)->port(), 0);
+  EXPECT_EQ((*exporter)->address(), "127.0.0.1:" + std::to_string((*exporter)->port()));
+
+  std::string response = http_get((*exporter)->port(), "/metrics");
+  ASSERT_EQ(response.rfind("HTTP/1.1 200", 0), 0u) << response;
+  std::string text = body_of(response);
+  auto s = parse(text);
+
+  EXPECT_EQ(value(s, "pmirror_up"), 1);
+  EXPECT_EQ(value(s, "pmirror_metrics_snapshot_errors_total"), 0);
+  EXPECT_EQ(value(s, "pmirror_process_info",
+                  {{"kind", "pmirrord"}, {"node", "node2"}, {"version", "0.1.0"}}),
+            1);
+  Labels volume{{"volume", "db0"}, {"role", "primary"}};
+  EXPECT_EQ(value(s, "pmirror_volume_size_bytes", volume), 1073741824.0);
+  EXPECT_EQ(value(s, "pmirror_volume_generation", volume), 3);
+  EXPECT_EQ(value(s, "pmirror_volume_last_sequence", volume), 123456);
+  EXPECT_EQ(value(s, "pmirror_volume_info",
+                  with(with(volume, "path", "/dev/dax0.0"), "backing", "devdax")),
+            1);
+
+  EXPECT_EQ(value(s, "pmirror_peer_connected", kNode2), 1);
+  EXPECT_EQ(value(s, "pmirror_peer_connected", kNode3), 0);
+  EXPECT_EQ(value(s, "pmirror_peer_state", with(kNode2, "state", "connected")), 1);
+  EXPECT_EQ(value(s, "pmirror_peer_state", with(kNode2, "state", "failed")), 0);
+  EXPECT_EQ(value(s, "pmirror_peer_state", with(kNode3, "state", "disconnected")), 1);
+  EXPECT_EQ(value(s, "pmirror_peer_state", with(kNode3, "state", "connected")), 0);
+  EXPECT_EQ(value(s, "pmirror_peer_info",
+                  with(with(with(kNode2, "address", "10.0.0.2:7450"), "transport", "rdma"),
+                       "method", "apm")),
+            1);
+  EXPECT_EQ(value(s, "pmirror_persists_total", kNode2), 123450);
+  EXPECT_EQ(value(s, "pmirror_bytes_total", kNode2), 987654321);
+  EXPECT_EQ(value(s, "pmirror_errors_total", kNode2), 2);
+  EXPECT_EQ(value(s, "pmirror_replication_lag", kNode2), 6);
+  EXPECT_EQ(value(s, "pmirror_replication_lag", kNode3), 100);
+  EXPECT_EQ(value(s, "pmirror_peer_acknowledged_sequence", kNode2), 123450);
+
+  // Summary from latency_us (microseconds -> seconds).
+  EXPECT_NEAR(*value(s, "pmirror_persist_latency_seconds", with(kNode2, "quantile", "0.99")),
+              130e-6, 1e-12);
+  EXPECT_NEAR(*value(s, "pmirror_persist_latency_seconds", with(kNode2, "quantile", "0.999")),
+              900e-6, 1e-12);
+  EXPECT_EQ(value(s, "pmirror_persist_latency_seconds_count", kNode2), 123450);
+  EXPECT_NEAR(*value(s, "pmirror_persist_latency_seconds_sum", kNode2), 7.0, 1e-9);
+  EXPECT_FALSE(value(s, "pmirror_persist_latency_seconds_count", kNode3).has_value());
+  // Histogram from the optional latency_histogram.
+  EXPECT_EQ(
+      value(s, "pmirror_persist_latency_histogram_seconds_bucket", with(kNode2, "le", "5e-05")), 40)
+      << text;
+  EXPECT_EQ(
+      value(s, "pmirror_persist_latency_histogram_seconds_bucket", with(kNode2, "le", "+Inf")), 100)
+      << text;
+  EXPECT_EQ(value(s, "pmirror_persist_latency_histogram_seconds_count", kNode2), 100);
+
+  EXPECT_NE(text.find("# TYPE pmirror_persists_total counter"), std::string::npos) << text;
+  EXPECT_NE(text.find("# TYPE pmirror_persist_latency_seconds summary"), std::string::npos);
+  EXPECT_NE(text.find("# TYPE pmirror_persist_latency_histogram_seconds histogram"),
+            std::string::npos);
+
+  // The next scrape sees the next snapshot.
+  {
+    std::lock_guard lock(mutex);
+    snapshot["volumes"][0]["peers"][0]["persists"] = 200000;
+    snapshot["volumes"][0]["peers"][1]["state"] = "connected";
+  }
+  s = parse(body_of(http_get((*exporter)->port(), "/metrics")));
+  EXPECT_EQ(value(s, "pmirror_persists_total", kNode2), 200000);
+  EXPECT_EQ(value(s, "pmirror_peer_connected", kNode3), 1);
+  EXPECT_EQ(value(s, "pmirror_peer_state", with(kNode3, "state", "disconnected")), 0);
+}
+
+TEST(MetricsTest, MalformedFieldsAreSkippedAndCounted) {
+  json snapshot = canned();
+  auto& volume = snapshot["volumes"][0];
+  volume["size"] = "big";                                // 1: wrong type
+  volume["peers"][0]["latency_us"] = 5;                  // 2: not an object
+  volume["peers"][1]["persists"] = "many";               // 3
+  volume["peers"].push_back({{"state", "connected"}});   // 4: no name, no address
+  volume["peers"].push_back(volume["peers"][0]);         // 5: duplicate peer
+  snapshot["volumes"].push_back(42);                     // 6: not an object
+  snapshot["volumes"].push_back({{"role", "replica"}});  // 7: no name
+  auto exporter = Exporter::start("127.0.0.1:0", [&] { return snapshot; });
+  ASSERT_TRUE(exporter.ok()) << exporter.status().message();
+
+  auto s = parse(body_of(http_get((*exporter)->port(), "/metrics")));
+  EXPECT_EQ(value(s, "pmirror_up"), 1);
+  EXPECT_EQ(value(s, "pmirror_metrics_snapshot_errors_total"), 7);
+  Labels v{{"volume", "db0"}, {"role", "primary"}};
+  EXPECT_FALSE(value(s, "pmirror_volume_size_bytes", v).has_value());
+  EXPECT_EQ(value(s, "pmirror_volume_generation", v), 3);  // the rest of the volume is there
+  EXPECT_FALSE(value(s, "pmirror_persist_latency_seconds_count", kNode2).has_value());
+  EXPECT_EQ(value(s, "pmirror_persists_total", kNode2), 123450);
+  EXPECT_FALSE(value(s, "pmirror_persists_total", kNode3).has_value());
+  EXPECT_EQ(value(s, "pmirror_bytes_total", kNode3), 10);
+  // The count is cumulative across scrapes.
+  s = parse(body_of(http_get((*exporter)->port(), "/metrics")));
+  EXPECT_EQ(value(s, "pmirror_metrics_snapshot_errors_total"), 14);
+}
+
+TEST(MetricsTest, AFailingSnapshotReportsDown) {
+  int calls = 0;
+  auto exporter = Exporter::start("127.0.0.1:0", [&]() -> json {
+    if (++calls == 1) throw std::runtime_error("status_json exploded");
+    return json::array();  // not an object either
+  });
+  ASSERT_TRUE(exporter.ok()) << exporter.status().message();
+  auto s = parse(body_of(http_get((*exporter)->port(), "/metrics")));
+  EXPECT_EQ(value(s, "pmirror_up"), 0);
+  EXPECT_EQ(value(s, "pmirror_metrics_snapshot_errors_total"), 1);
+  s = parse(body_of(http_get((*exporter)->port(), "/metrics")));
+  EXPECT_EQ(value(s, "pmirror_up"), 0);
+  EXPECT_EQ(value(s, "pmirror_metrics_snapshot_errors_total"), 2);
+}
+
+TEST(MetricsTest, RenderTextWithoutAServer) {
+  auto s = parse(render_text(canned()));
+  EXPECT_EQ(value(s, "pmirror_up"), 1);
+  EXPECT_EQ(value(s, "pmirror_errors_total", kNode2), 2);
+}
+
+TEST(MetricsTest, ListensOnIpv6Loopback) {
+  auto exporter = Exporter::start("[::1]:0", [] { return canned(); });
+  if (!exporter.ok()) GTEST_SKIP() << "no IPv6 loopback here: " << exporter.status().message();
+  EXPECT_EQ((*exporter)->address(), "[::1]:" + std::to_string((*exporter)->port()));
+}
+
+}  // namespace
+}  // namespace pmirror::metrics
