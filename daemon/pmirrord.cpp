@@ -8,7 +8,13 @@
 #include <spdlog/spdlog.h>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "config/config.h"
+#include "control/control.h"
+#include "metrics/metrics.h"
+#include "supervisor/supervisor.h"
+#include "systemd/systemd.h"
 #include "target/target.h"
 
 namespace {
@@ -31,8 +37,11 @@ int main(int argc, char** argv) {
   bool foreground = false;
   std::string log_level;
   bool check_only = false;
-  app.add_option("-c,--config", config_path, "configuration file")
+  std::string node;
+  app.add_option("-c,--config", config_path, "the cluster configuration file")
       ->capture_default_str();
+  app.add_option("-n,--node", node,
+                 "which node of the cluster this is (default: the node named like this host)");
   app.add_flag("-f,--foreground", foreground,
                "log for a terminal (time stamps, colour); without it logs suit journald");
   app.add_option("-l,--log-level", log_level,
@@ -46,11 +55,17 @@ int main(int argc, char** argv) {
   // journald adds its own time stamps and knows the unit; keep lines short.
   spdlog::set_pattern(foreground ? "%Y-%m-%d %H:%M:%S.%e %^%l%$ %v" : "%l: %v");
 
-  auto loaded = pmirror::config::load_daemon_config(config_path);
-  if (!loaded.ok()) {
-    std::fprintf(stderr, "pmirrord: %s\n", loaded.status().message().c_str());
+  // Every problem is printed, one per line; exit 2 on any of them.
+  auto config_error = [](const pmirror::Status& status) {
+    std::fprintf(stderr, "pmirrord: %s\n", status.message().c_str());
     return kExitConfig;
-  }
+  };
+  auto cluster = pmirror::config::load_cluster_config(config_path);
+  if (!cluster.ok()) return config_error(cluster.status());
+  auto self = pmirror::config::resolve_node(*cluster, node);
+  if (!self.ok()) return config_error(self.status());
+  auto loaded = pmirror::config::daemon_config_for(*cluster, *self);
+  if (!loaded.ok()) return config_error(loaded.status());
   const pmirror::config::DaemonConfig& config = *loaded;
   if (!apply_log_level(log_level.empty() ? config.log_level : log_level)) {
     std::fprintf(stderr, "pmirrord: --log-level %s: not a level (trace|debug|info|warn|error|critical|off)\n",
@@ -58,8 +73,13 @@ int main(int argc, char** argv) {
     return kExitConfig;
   }
   if (check_only) {
-    std::printf("%s: OK (%zu volume(s))\n", config_path.c_str(), config.volumes.size());
+    std::printf("%s: OK (node %s, replica of %zu volume(s))\n", config_path.c_str(),
+                config.node.c_str(), config.volumes.size());
     return 0;
+  }
+  if (config.volumes.empty()) {
+    spdlog::warn("node {} is a replica of no volume in {}; listening without serving any",
+                 config.node, config_path);
   }
 
   // Signals are taken by a dedicated thread with sigwait, so that stop()
@@ -68,22 +88,105 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
-  auto target = pmirror::target::Target::start(config);
+  // Session state changes go to `pmirrorctl events` subscribers. The
+  // control server starts after the target, so the sink looks it up.
+  std::atomic<pmirror::control::Server*> control_server{nullptr};
+  pmirror::target::TargetOptions target_options;
+  target_options.session_timeout = config.heartbeat_timeout * 3;
+  target_options.on_event = [&control_server, &config](const pmirror::supervisor::StateChange& c) {
+    spdlog::info("volume {}: peer {}: {} -> {}{}{}", c.volume, c.peer,
+                 pmirror::supervisor::state_name(c.from), pmirror::supervisor::state_name(c.to),
+                 c.reason.empty() ? "" : ": ", c.reason);
+    if (auto* server = control_server.load()) {
+      server->publish({{"time", pmirror::supervisor::format_time(c.time)},
+                       {"process", "pmirrord"},
+                       {"node", config.node},
+                       {"volume", c.volume},
+                       {"peer", c.peer},
+                       {"from", pmirror::supervisor::state_name(c.from)},
+                       {"to", pmirror::supervisor::state_name(c.to)},
+                       {"reason", c.reason}});
+    }
+  };
+  auto target = pmirror::target::Target::start(config, target_options);
   if (!target.ok()) {
     spdlog::critical("{}", target.status().message());
     return kExitStart;
   }
-  std::thread signal_thread([&signals, &target] {
-    int received = 0;
-    sigwait(&signals, &received);
-    if (received != 0) spdlog::info("signal {}: shutting down", received);
-    (*target)->stop();
+  auto server = pmirror::control::Server::start(
+      config.control_socket,
+      [&target](const nlohmann::json& request) -> pmirror::Result<nlohmann::json> {
+        if (request.value("command", "") == "status") {
+          return nlohmann::json::parse((*target)->status_json());
+        }
+        return pmirror::control::unknown_command(request);
+      });
+  if (!server.ok()) {
+    spdlog::critical("control socket: {}", server.status().message());
+    return kExitStart;
+  }
+  control_server = server->get();
+
+  // Prometheus endpoint, only when the config asks for one.
+  std::unique_ptr<pmirror::metrics::Exporter> exporter;
+  if (config.metrics) {
+    auto started = pmirror::metrics::Exporter::start(
+        config.metrics->to_string(),
+        [&target] { return nlohmann::json::parse((*target)->status_json()); });
+    if (!started.ok()) {
+      spdlog::critical("{}", started.status().message());
+      return kExitStart;
+    }
+    exporter = std::move(*started);
+  }
+
+  // systemd (Type=notify): ready once the volumes are mapped and every
+  // socket listens; a one-line STATUS=; watchdog pings while alive.
+  auto service_status = [&] {
+    return "node " + config.node + ": serving " + std::to_string((*target)->status().size()) +
+           " volume(s) on port " + std::to_string((*target)->port()) +
+           (exporter ? ", metrics on " + exporter->address() : "");
+  };
+  pmirror::systemd::notify_ready(service_status());
+  pmirror::systemd::WatchdogPinger watchdog;
+
+  // SIGHUP reloads the configuration; SIGTERM/SIGINT stop.
+  std::thread signal_thread([&] {
+    for (;;) {
+      int received = 0;
+      if (sigwait(&signals, &received) != 0) continue;
+      if (received != SIGHUP) {
+        spdlog::info("signal {}: shutting down", received);
+        pmirror::systemd::notify_stopping();
+        (*target)->stop();
+        return;
+      }
+      spdlog::info("SIGHUP: reloading {}", config_path);
+      pmirror::systemd::notify_reloading();
+      pmirror::Status reloaded = [&]() -> pmirror::Status {
+        auto next_cluster = pmirror::config::load_cluster_config(config_path);
+        if (!next_cluster.ok()) return next_cluster.status();
+        auto next = pmirror::config::daemon_config_for(*next_cluster, config.node);
+        if (!next.ok()) return next.status();
+        return (*target)->reload(*next);
+      }();
+      if (!reloaded.ok()) {
+        spdlog::error("reload rejected, the running configuration stays: {}",
+                      reloaded.message());
+        pmirror::systemd::notify_ready("reload rejected (see the log); " + service_status());
+      } else {
+        pmirror::systemd::notify_ready(service_status());
+      }
+    }
   });
 
   pmirror::Status served = (*target)->run();
+  control_server = nullptr;
+  server->reset();
   // Wake the signal thread if run() ended for another reason.
   pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();

@@ -39,6 +39,9 @@ struct ReplicaSpec {
   uint16_t port = 7450;
   transport::Kind transport = transport::Kind::kTcp;
   std::string secret;  // the volume's shared secret on that target
+  // The node's name in the cluster configuration, for status and logs;
+  // empty: the replica is called by its address.
+  std::string node;
 };
 
 enum class MethodPreference {
@@ -61,6 +64,15 @@ struct VolumeOptions {
   // While idle, each replica is pinged this often, so that the target keeps
   // the session and a dead target is noticed.
   std::chrono::milliseconds heartbeat_interval{2000};
+  // Replicas that must acknowledge a persist before it returns; 0: all.
+  // A lost replica is reconnected in the background (backoff with jitter)
+  // and brought up to date before it counts again.
+  uint32_t ack = 0;
+  std::chrono::milliseconds reconnect_initial{200};
+  std::chrono::milliseconds reconnect_max{10000};
+  // Bytes copied per step when bringing a reconnected replica up to date;
+  // the application's persists run between steps.
+  uint64_t resync_step = 4ull << 20;
 };
 
 enum class ReplicaState { kConnected, kFailed, kClosed };
@@ -70,9 +82,11 @@ struct ReplicaStatus {
   std::string address;  // host:port
   transport::Kind transport = transport::Kind::kTcp;
   ReplicaState state = ReplicaState::kClosed;
-  std::string method;   // "apm" or "gpspm"
+  std::string connection;  // the supervisor's state: connecting, connected, syncing, ...
+  std::string method;      // "apm" or "gpspm"
   uint64_t generation = 0;
   uint64_t acknowledged_sequence = 0;  // highest sequence durable on the replica
+  uint64_t resynced_bytes = 0;         // copied by the last resync
   std::string last_error;
 };
 
@@ -82,6 +96,13 @@ class Volume {
   // parallel), and checks that each replica's region has the local size.
   // Any replica failing: the error names it and nothing is left open.
   static Result<std::unique_ptr<Volume>> open(const VolumeOptions& options);
+  // Opens `volume` as the cluster configuration file describes it: this
+  // node (`node`, or the one named like this host) must be its primary; the
+  // replicas, secret, ack policy and timers come from the file.
+  static Result<std::unique_ptr<Volume>> open_from_config(const std::string& config_path,
+                                                          const std::string& volume,
+                                                          const std::string& identity,
+                                                          const std::string& node = "");
   ~Volume();  // drains, says Goodbye, disconnects
   Volume(const Volume&) = delete;
   Volume& operator=(const Volume&) = delete;
@@ -103,6 +124,8 @@ class Volume {
   Status drain();  // wait for everything started so far
 
   std::vector<ReplicaStatus> replicas() const;
+  // The status object of docs/control.md for this volume (role primary).
+  std::string status_json() const;
 
   class Impl;
 

@@ -16,6 +16,7 @@ using Clock = std::chrono::steady_clock;
 // wr_id tags of our own one-sided operations (the Messenger uses bit 63).
 constexpr uint64_t kWriteTag = 1ull << 62;
 constexpr uint64_t kReadTag = 1ull << 61;
+constexpr uint64_t kResyncTag = 1ull << 60;
 constexpr uint64_t kSequenceMask = (1ull << 56) - 1;
 // The read-after-write flush reads this many bytes (as librpma and librpmem do).
 constexpr uint64_t kFlushReadSize = 8;
@@ -228,7 +229,49 @@ static Status complete_front(std::deque<uint64_t>& in_flight, uint64_t sequence,
   return Status::Ok();
 }
 
+Status Replica::resync_range(uint64_t offset, uint64_t length) {
+  if (failed()) return error_;
+  auto deadline = Clock::now() + operation_timeout_;
+  while (credits_ == 0) {
+    if (Status pumped = pump(10ms); !pumped.ok()) return fail(pumped);
+    if (Clock::now() > deadline) {
+      return fail(Status(Errc::kTimeout, "the target returned no receive credit within " +
+                                             std::to_string(operation_timeout_.count()) + " ms"));
+    }
+  }
+  resync_outstanding_ = true;
+  Status posted = post_with_retry([&] {
+    return connection_->post_write(*local_region_, offset, length, remote_, offset, kWriteTag,
+                                   /*signaled=*/false);
+  });
+  if (posted.ok() && apm_) {
+    uint64_t flush_offset = std::min(offset, remote_size_ - kFlushReadSize);
+    posted = post_with_retry([&] {
+      return connection_->post_read(*flush_region_, 0, kFlushReadSize, remote_, flush_offset,
+                                    kResyncTag);
+    });
+  } else if (posted.ok()) {
+    protocol::PersistRequest request{protocol::kResyncSequence, generation_, {{offset, length}}};
+    posted = post_with_retry([&] { return messenger_->send(request); });
+    if (posted.ok()) --credits_;
+  }
+  if (!posted.ok()) return fail(posted);
+  while (resync_outstanding_) {
+    if (Clock::now() > deadline) {
+      return fail(Status(Errc::kTimeout, "resync of [" + std::to_string(offset) + ", +" +
+                                             std::to_string(length) + ") not acknowledged within " +
+                                             std::to_string(operation_timeout_.count()) + " ms"));
+    }
+    if (Status pumped = pump(10ms); !pumped.ok()) return fail(pumped);
+  }
+  return Status::Ok();
+}
+
 Status Replica::handle_completion(const transport::Completion& completion) {
+  if ((completion.wr_id & kResyncTag) != 0 && completion.opcode == transport::Opcode::kRead) {
+    resync_outstanding_ = false;
+    return Status::Ok();
+  }
   if ((completion.wr_id & kReadTag) != 0 && completion.opcode == transport::Opcode::kRead) {
     uint64_t sequence = completion.wr_id & kSequenceMask;
     // Sequences beyond 2^56 would need the full value; that is 10^9 years
@@ -247,6 +290,10 @@ Status Replica::handle_message(const protocol::Message& message) {
   }
   if (auto* ack = std::get_if<protocol::PersistAck>(&message)) {
     ++credits_;
+    if (ack->sequence == protocol::kResyncSequence) {
+      resync_outstanding_ = false;
+      return Status::Ok();
+    }
     acknowledged_ = std::max(acknowledged_, ack->sequence);
     return complete_front(in_flight_, ack->sequence, done_upto_, "PersistAck");
   }

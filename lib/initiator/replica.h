@@ -41,6 +41,13 @@ class Replica {
   Status wait_for(uint64_t sequence);
   // Pings if nothing is in flight; used while the volume is idle.
   Status heartbeat();
+  // Copies [offset, +length) of the local copy to the replica and waits
+  // until it is durable there (Write + flush; no bookkeeping). Application
+  // persists may be in flight meanwhile: both go down the same connection
+  // in order, so the replica ends with the newest bytes either way.
+  Status resync_range(uint64_t offset, uint64_t length);
+  uint64_t in_flight_count() const { return in_flight_.size(); }
+  bool uses_apm() const { return apm_; }
   // Orderly close: drains, says Goodbye, disconnects.
   void close();
 
@@ -78,6 +85,7 @@ class Replica {
   uint64_t acknowledged_ = 0;
   uint64_t ping_token_ = 0;
   bool ping_outstanding_ = false;
+  bool resync_outstanding_ = false;
   ReplicaState state_ = ReplicaState::kClosed;
   Status error_;
 };

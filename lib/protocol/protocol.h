@@ -110,6 +110,11 @@ struct CommitAck {
   bool operator==(const CommitAck&) const = default;
 };
 
+// A PersistRequest with this sequence carries no bookkeeping: the target
+// persists the ranges and acks, but records nothing. Initiators use it to
+// bring a replica's copy up to date (resync) under GPSPM.
+inline constexpr uint64_t kResyncSequence = 0;
+
 struct PersistRequest {
   uint64_t sequence = 0;
   uint64_t generation = 0;

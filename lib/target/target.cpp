@@ -1,6 +1,8 @@
 #include "target/target.h"
 
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <condition_variable>
 #include <list>
@@ -46,14 +48,26 @@ Status checkpoint(state::StateStore& state, ServedVolume& volume) {
   return Status::Ok();
 }
 
+namespace {
+
+bool same_settings(const config::VolumeConfig& a, const config::VolumeConfig& b) {
+  return a.path == b.path && a.size == b.size && a.create == b.create &&
+         a.allowed_peers == b.allowed_peers && a.secret == b.secret && a.apm == b.apm;
+}
+
+}  // namespace
+
 class Target::Impl {
  public:
   config::DaemonConfig config;
   TargetOptions options;
   std::unique_ptr<state::StateStore> state;
-  std::list<ServedVolume> volumes;  // stable addresses: sessions hold pointers
   std::unique_ptr<transport::Listener> listener;
   std::atomic<bool> stopping{false};
+  std::chrono::system_clock::time_point started_at = std::chrono::system_clock::now();
+
+  mutable std::mutex volumes_mutex;
+  std::vector<std::shared_ptr<ServedVolume>> volumes;  // guarded by volumes_mutex
 
   std::mutex sessions_mutex;
   struct Session {
@@ -68,23 +82,56 @@ class Target::Impl {
   std::mutex checkpoint_mutex;
   std::condition_variable checkpoint_wake;
 
-  void checkpoint_loop() {
-    std::unique_lock lock(checkpoint_mutex);
-    while (!stopping.load()) {
-      checkpoint_wake.wait_for(lock, options.checkpoint_interval);
-      for (auto& volume : volumes) {
-        if (Status saved = checkpoint(*state, volume); !saved.ok()) {
-          spdlog::error("volume {}: checkpoint: {}", volume.config.name, saved.to_string());
-        }
-      }
-    }
-  }
-
-  ServedVolume* find(const std::string& name) {
-    for (auto& v : volumes) {
-      if (v.config.name == name) return &v;
+  std::shared_ptr<ServedVolume> find(const std::string& name) const {
+    std::lock_guard lock(volumes_mutex);
+    for (const auto& v : volumes) {
+      if (v->config.name == name) return v;
     }
     return nullptr;
+  }
+
+  std::vector<std::shared_ptr<ServedVolume>> all_volumes() const {
+    std::lock_guard lock(volumes_mutex);
+    return volumes;
+  }
+
+  // Maps a volume and checks that it can be served; nothing is shared yet.
+  Result<std::shared_ptr<ServedVolume>> open_volume(const config::VolumeConfig& volume_config) {
+    region::OpenOptions open_options;
+    open_options.path = volume_config.path;
+    open_options.size = volume_config.size;
+    open_options.create = volume_config.create;
+    auto region = region::Region::open(open_options);
+    if (!region.ok()) return region.status().with_context("volume '" + volume_config.name + "'");
+    auto served = std::make_shared<ServedVolume>();
+    served->config = volume_config;
+    served->region = std::move(region).value();
+    served->methods = offered_methods(config.transport, volume_config, *served->region);
+    auto recorded = state->get_or_create(volume_config.name);
+    if (!recorded.ok()) {
+      return recorded.status().with_context("volume '" + volume_config.name + "' state");
+    }
+    if (listener) {
+      PMIRROR_RETURN_IF_ERROR(check_servable(*served));
+    }
+    spdlog::info("volume {}: {} ({} bytes, {}, pmem={}), generation {}, last sequence {}",
+                 volume_config.name, volume_config.path, served->region->size(),
+                 region::backing_name(served->region->backing()), served->region->is_pmem(),
+                 recorded->generation, recorded->last_sequence);
+    return served;
+  }
+
+  Status check_servable(ServedVolume& volume) {
+    Status registrable = listener->check_registrable(
+        volume.region->data(), volume.region->size(),
+        transport::kRemoteWrite | transport::kRemoteRead);
+    if (!registrable.ok()) {
+      return registrable.with_context(
+          "volume '" + volume.config.name + "' (" + volume.config.path + ", " +
+          std::string(region::backing_name(volume.region->backing())) +
+          ") cannot be served over " + std::string(transport::kind_name(config.transport)));
+    }
+    return Status::Ok();
   }
 
   void reap(bool all) {
@@ -95,6 +142,18 @@ class Target::Impl {
         it = sessions.erase(it);
       } else {
         ++it;
+      }
+    }
+  }
+
+  void checkpoint_loop() {
+    std::unique_lock lock(checkpoint_mutex);
+    while (!stopping.load()) {
+      checkpoint_wake.wait_for(lock, options.checkpoint_interval);
+      for (auto& volume : all_volumes()) {
+        if (Status saved = checkpoint(*state, *volume); !saved.ok()) {
+          spdlog::error("volume {}: checkpoint: {}", volume->config.name, saved.to_string());
+        }
       }
     }
   }
@@ -119,26 +178,8 @@ Result<std::unique_ptr<Target>> Target::start(const config::DaemonConfig& config
   impl->state = std::move(state).value();
 
   for (const auto& volume_config : config.volumes) {
-    region::OpenOptions open_options;
-    open_options.path = volume_config.path;
-    open_options.size = volume_config.size;
-    open_options.create = volume_config.create;
-    auto region = region::Region::open(open_options);
-    if (!region.ok()) {
-      return region.status().with_context("volume '" + volume_config.name + "'");
-    }
-    auto& served = impl->volumes.emplace_back();
-    served.config = volume_config;
-    served.region = std::move(region).value();
-    served.methods = offered_methods(config.transport, volume_config, *served.region);
-    auto recorded = impl->state->get_or_create(volume_config.name);
-    if (!recorded.ok()) {
-      return recorded.status().with_context("volume '" + volume_config.name + "' state");
-    }
-    spdlog::info("volume {}: {} ({} bytes, {}, pmem={}), generation {}, last sequence {}",
-                 volume_config.name, volume_config.path, served.region->size(),
-                 region::backing_name(served.region->backing()), served.region->is_pmem(),
-                 recorded->generation, recorded->last_sequence);
+    PMIRROR_ASSIGN_OR_RETURN(auto served, impl->open_volume(volume_config));
+    impl->volumes.push_back(std::move(served));
   }
 
   transport::ConnectionOptions connection_options;
@@ -150,18 +191,7 @@ Result<std::unique_ptr<Target>> Target::start(const config::DaemonConfig& config
         std::string(transport::kind_name(config.transport)) + ")");
   }
   impl->listener = std::move(listener).value();
-  for (auto& volume : impl->volumes) {
-    Status registrable = impl->listener->check_registrable(
-        volume.region->data(), volume.region->size(),
-        transport::kRemoteWrite | transport::kRemoteRead);
-    if (!registrable.ok()) {
-      return registrable.with_context("volume '" + volume.config.name + "' (" +
-                                      volume.config.path + ", " +
-                                      std::string(region::backing_name(volume.region->backing())) +
-                                      ") cannot be served over " +
-                                      std::string(transport::kind_name(config.transport)));
-    }
-  }
+  for (auto& volume : impl->volumes) PMIRROR_RETURN_IF_ERROR(impl->check_servable(*volume));
   spdlog::info("listening on {}:{} ({}), {} volume(s)", config.listen_address,
                impl->listener->port(), transport::kind_name(config.transport),
                impl->volumes.size());
@@ -173,7 +203,6 @@ Status Target::run() {
   SessionContext context{impl.options, *impl.state,
                          [&impl](const std::string& name) { return impl.find(name); },
                          impl.stopping};
-  Status result;
   impl.checkpointer = std::thread([&impl] { impl.checkpoint_loop(); });
   while (!impl.stopping.load()) {
     auto accepted = impl.listener->accept(std::chrono::milliseconds(200));
@@ -182,7 +211,7 @@ Status Target::run() {
       if (impl.stopping.load()) break;
       // A failed accept (a peer that hung up mid-handshake, garbage) must not
       // take the daemon down: log it and keep serving.
-      spdlog::warn("accept: {}", accepted.status().to_string());
+      spdlog::info("accept: {}", accepted.status().to_string());
       continue;
     }
     if (!*accepted) continue;  // timeout
@@ -198,7 +227,13 @@ Status Target::run() {
   impl.reap(true);
   impl.checkpoint_wake.notify_all();
   if (impl.checkpointer.joinable()) impl.checkpointer.join();
-  return result;
+  // Sessions checkpoint as they end; this catches anything left.
+  for (auto& volume : impl.all_volumes()) {
+    if (Status saved = checkpoint(*impl.state, *volume); !saved.ok()) {
+      return saved.with_context("final checkpoint of volume '" + volume->config.name + "'");
+    }
+  }
+  return Status::Ok();
 }
 
 void Target::stop() {
@@ -209,20 +244,80 @@ void Target::stop() {
 
 uint16_t Target::port() const { return impl_->listener->port(); }
 
+Status Target::reload(const config::DaemonConfig& config) {
+  Impl& impl = *impl_;
+  if (config.listen_address != impl.config.listen_address || config.port != impl.config.port ||
+      config.transport != impl.config.transport) {
+    return Status(Errc::kConfigError,
+                  "the listener (address, port, transport) cannot change on reload; restart "
+                  "pmirrord to apply it");
+  }
+  if (config.state_pool != impl.config.state_pool) {
+    return Status(Errc::kConfigError,
+                  "state_pool cannot change on reload; restart pmirrord to apply it");
+  }
+  // Open everything new first: if any volume fails, nothing changes.
+  std::vector<std::shared_ptr<ServedVolume>> next;
+  std::vector<std::string> added, removed, changed;
+  auto current = impl.all_volumes();
+  for (const auto& volume_config : config.volumes) {
+    std::shared_ptr<ServedVolume> existing;
+    for (auto& v : current) {
+      if (v->config.name == volume_config.name) existing = v;
+    }
+    if (existing && same_settings(existing->config, volume_config)) {
+      next.push_back(existing);
+      continue;
+    }
+    if (existing) {
+      // Changed: the old mapping keeps serving until the swap below; a new
+      // path may even be the same file, which maps twice safely.
+      changed.push_back(volume_config.name);
+    } else {
+      added.push_back(volume_config.name);
+    }
+    PMIRROR_ASSIGN_OR_RETURN(auto opened, impl.open_volume(volume_config));
+    next.push_back(std::move(opened));
+  }
+  for (auto& v : current) {
+    bool kept = false;
+    for (auto& n : next) kept = kept || n == v;
+    if (!kept) {
+      v->removed = true;  // its session ends at its next idle moment
+      bool renamed_or_changed = false;
+      for (auto& name : changed) renamed_or_changed = renamed_or_changed || name == v->config.name;
+      if (!renamed_or_changed) removed.push_back(v->config.name);
+    }
+  }
+  {
+    std::lock_guard lock(impl.volumes_mutex);
+    impl.volumes = std::move(next);
+  }
+  impl.config = config;
+  auto join = [](const std::vector<std::string>& names) {
+    std::string out;
+    for (auto& n : names) out += (out.empty() ? "" : ", ") + n;
+    return out.empty() ? std::string("none") : out;
+  };
+  spdlog::info("configuration reloaded: added {}; removed {}; changed {}", join(added),
+               join(removed), join(changed));
+  return Status::Ok();
+}
+
 std::vector<VolumeStatus> Target::status() const {
   std::vector<VolumeStatus> out;
-  for (auto& v : impl_->volumes) {
+  for (auto& v : impl_->all_volumes()) {
     VolumeStatus s;
-    s.name = v.config.name;
-    s.path = v.config.path;
-    s.size = v.region->size();
-    s.is_pmem = v.region->is_pmem();
-    s.methods = v.methods;
+    s.name = v->config.name;
+    s.path = v->config.path;
+    s.size = v->region->size();
+    s.is_pmem = v->region->is_pmem();
+    s.methods = v->methods;
     {
-      std::lock_guard lock(v.mutex);
-      s.writer = v.writer;
+      std::lock_guard lock(v->mutex);
+      s.writer = v->writer;
     }
-    auto recorded = impl_->state->get_or_create(v.config.name);
+    auto recorded = impl_->state->get(v->config.name);
     if (recorded.ok()) {
       s.generation = recorded->generation;
       s.last_sequence = recorded->last_sequence;
@@ -230,6 +325,59 @@ std::vector<VolumeStatus> Target::status() const {
     out.push_back(std::move(s));
   }
   return out;
+}
+
+std::string Target::status_json() const {
+  nlohmann::json volumes = nlohmann::json::array();
+  for (auto& v : impl_->all_volumes()) {
+    nlohmann::json volume;
+    volume["name"] = v->config.name;
+    volume["role"] = "replica";
+    volume["size"] = v->region->size();
+    volume["path"] = v->config.path;
+    volume["backing"] = region::backing_name(v->region->backing());
+    auto recorded = impl_->state->get(v->config.name);
+    volume["generation"] = recorded.ok() ? recorded->generation : 0;
+    volume["last_sequence"] = recorded.ok() ? recorded->last_sequence : 0;
+    volume["applied_sequence"] = v->applied_sequence.load();
+    nlohmann::json methods = nlohmann::json::array();
+    if ((v->methods & protocol::kMethodApm) != 0) methods.push_back("apm");
+    if ((v->methods & protocol::kMethodGpspm) != 0) methods.push_back("gpspm");
+    volume["methods"] = methods;
+    nlohmann::json peers = nlohmann::json::array();
+    std::deque<std::shared_ptr<SessionRecord>> sessions;
+    {
+      std::lock_guard lock(v->mutex);
+      sessions = v->sessions;
+    }
+    for (auto& record : sessions) {
+      auto snapshot = record->state.snapshot();
+      nlohmann::json peer;
+      peer["name"] = record->peer;
+      peer["address"] = record->peer.substr(record->peer.find('@') + 1);
+      peer["transport"] = transport::kind_name(impl_->config.transport);
+      peer["state"] = supervisor::state_name(snapshot.state);
+      peer["since"] = supervisor::format_time(snapshot.since);
+      peer["reason"] = snapshot.reason;
+      peer["acknowledged_sequence"] = record->acknowledged.load();
+      peer["lag"] = 0;
+      peer["persists"] = record->persists.load();
+      peer["bytes"] = record->bytes.load();
+      peer["errors"] = record->errors.load();
+      peers.push_back(std::move(peer));
+    }
+    volume["peers"] = std::move(peers);
+    volumes.push_back(std::move(volume));
+  }
+  nlohmann::json status;
+  status["schema_version"] = 1;
+  status["process"] = {{"kind", "pmirrord"},
+                       {"pid", ::getpid()},
+                       {"node", impl_->config.node},
+                       {"started_at", supervisor::format_time(impl_->started_at)},
+                       {"version", "0.1.0"}};
+  status["volumes"] = std::move(volumes);
+  return status.dump();
 }
 
 }  // namespace pmirror::target

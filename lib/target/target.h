@@ -14,6 +14,7 @@
 
 #include "common/status.h"
 #include "config/config.h"
+#include "supervisor/supervisor.h"
 
 namespace pmirror::target {
 
@@ -28,6 +29,8 @@ struct TargetOptions {
   // state pool while a session runs. A pmemobj transaction costs
   // milliseconds on a plain file; the data itself is durable regardless.
   std::chrono::milliseconds checkpoint_interval{100};
+  // Every session state change (handshaking, connected, disconnected, ...).
+  supervisor::EventSink on_event;
 };
 
 // What `status` shows about one volume.
@@ -62,6 +65,15 @@ class Target {
 
   uint16_t port() const;
   std::vector<VolumeStatus> status() const;
+  // The status object of docs/control.md (volumes with role "replica").
+  std::string status_json() const;
+
+  // Applies a new configuration without touching what did not change:
+  // volumes only in the new one are mapped and served, volumes gone from it
+  // are dropped (their session ends), volumes whose settings changed are
+  // reopened. The listener settings cannot change on reload. On any error
+  // nothing is changed and the old configuration stays in force.
+  Status reload(const config::DaemonConfig& config);
 
   class Impl;
 

@@ -4,17 +4,33 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
 
 #include "config/config.h"
+#include "supervisor/supervisor.h"
 #include "region/region.h"
 #include "state/state.h"
 #include "target/target.h"
 #include "transport/transport.h"
 
 namespace pmirror::target {
+
+// One initiator's session as status shows it; kept a while after it ends so
+// that an operator sees who was there and why they left.
+struct SessionRecord {
+  SessionRecord(const std::string& volume, const std::string& peer, supervisor::EventSink sink)
+      : peer(peer), state(volume, peer, supervisor::PeerState::kHandshaking, std::move(sink)) {}
+  std::string peer;  // identity@address
+  supervisor::PeerStateMachine state;
+  std::atomic<uint64_t> persists{0};
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<uint64_t> errors{0};
+  std::atomic<uint64_t> acknowledged{0};
+  std::string method;  // set once connected; guarded by the volume's mutex
+};
 
 struct ServedVolume {
   config::VolumeConfig config;
@@ -37,6 +53,13 @@ struct ServedVolume {
   std::string writer_identity;  // guarded by mutex
   std::mutex record_mutex;      // one state-pool update of this volume at a time
   uint64_t recorded_sequence = 0;  // guarded by record_mutex
+
+  // Set when a reload removed the volume: its session ends, and the region
+  // is unmapped when the last session lets go of it.
+  std::atomic<bool> removed{false};
+  // The newest sessions first, at most kKeptSessions; guarded by mutex.
+  static constexpr size_t kKeptSessions = 4;
+  std::deque<std::shared_ptr<SessionRecord>> sessions;
 };
 
 // Writes a volume's published progress to the state pool if it moved.
@@ -46,7 +69,7 @@ Status checkpoint(state::StateStore& state, ServedVolume& volume);
 struct SessionContext {
   const TargetOptions& options;
   state::StateStore& state;
-  std::function<ServedVolume*(const std::string& name)> find_volume;
+  std::function<std::shared_ptr<ServedVolume>(const std::string& name)> find_volume;
   const std::atomic<bool>& stopping;
 };
 

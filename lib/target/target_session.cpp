@@ -101,7 +101,7 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
   }
   const std::string identity = hello->identity;
   const std::string who = identity + "@" + peer;
-  ServedVolume* volume = context.find_volume(hello->volume);
+  std::shared_ptr<ServedVolume> volume = context.find_volume(hello->volume);
   if (volume == nullptr) {
     spdlog::warn("{}: refused: no volume '{}'", who, hello->volume);
     session::refuse(messenger, Errc::kNotFound,
@@ -109,27 +109,39 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
     return;
   }
   const std::string& name = volume->config.name;
+  auto record = std::make_shared<SessionRecord>(name, who, context.options.on_event);
+  {
+    std::lock_guard lock(volume->mutex);
+    volume->sessions.push_front(record);
+    if (volume->sessions.size() > ServedVolume::kKeptSessions) volume->sessions.pop_back();
+  }
+  auto refuse_session = [&](Errc code, const std::string& text) {
+    record->state.transition(supervisor::PeerState::kRefused, text);
+    session::refuse(messenger, code, text);
+  };
 
   auto server_nonce = auth::random_nonce();
   if (!server_nonce.ok()) {
     spdlog::error("{}: {}", who, server_nonce.status().to_string());
-    session::refuse(messenger, Errc::kInternal, "target cannot make a nonce");
+    refuse_session(Errc::kInternal, "target cannot make a nonce");
     return;
   }
   if (Status sent = messenger.send(protocol::Challenge{*server_nonce}); !sent.ok()) {
     spdlog::warn("{}: sending Challenge: {}", who, sent.to_string());
+    record->state.transition(supervisor::PeerState::kDisconnected, sent.message());
     connection->shutdown();
     return;
   }
   auto answer = messenger.receive(context.options.handshake_timeout, "AuthResponse");
   if (!answer.ok()) {
     spdlog::warn("{}: volume {}: no session: {}", who, name, answer.status().to_string());
+    record->state.transition(supervisor::PeerState::kDisconnected, answer.status().message());
     connection->shutdown();
     return;
   }
   auto* response = std::get_if<protocol::AuthResponse>(&*answer);
   if (response == nullptr) {
-    session::refuse(messenger, Errc::kProtocolError, "expected AuthResponse");
+    refuse_session(Errc::kProtocolError, "expected AuthResponse");
     return;
   }
   auth::SessionContext auth_context{name, identity, hello->client_nonce, *server_nonce};
@@ -141,8 +153,8 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
     // The log says which; the peer only learns that it failed.
     spdlog::warn("{}: volume {}: authentication failed: {}", who, name,
                  known ? "wrong secret" : "identity not in allowed_peers");
-    session::refuse(messenger, Errc::kPermissionDenied,
-                    "authentication failed for '" + identity + "' on volume '" + name + "'");
+    refuse_session(Errc::kPermissionDenied,
+                   "authentication failed for '" + identity + "' on volume '" + name + "'");
     return;
   }
 
@@ -150,8 +162,7 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
   std::string holder;
   if (!claim.try_claim(*volume, who, holder)) {
     spdlog::warn("{}: volume {}: refused second writer (held by {})", who, name, holder);
-    session::refuse(messenger, Errc::kBusy,
-                    "volume '" + name + "' already has a writer: " + holder);
+    refuse_session(Errc::kBusy, "volume '" + name + "' already has a writer: " + holder);
     return;
   }
 
@@ -162,14 +173,14 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
   if (!registration.ok()) {
     Status failed = registration.status().with_context("registering " + region.path());
     spdlog::error("{}: volume {}: {}", who, name, failed.to_string());
-    session::refuse(messenger, failed.code(), failed.message());
+    refuse_session(failed.code(), failed.message());
     return;
   }
 
   auto recorded = context.state.get_or_create(name);
   if (!recorded.ok()) {
     spdlog::error("{}: volume {}: state: {}", who, name, recorded.status().to_string());
-    session::refuse(messenger, Errc::kIoError, "target cannot read its state pool");
+    refuse_session(Errc::kIoError, "target cannot read its state pool");
     return;
   }
   Bookkeeping book{recorded->generation, recorded->last_sequence};
@@ -193,13 +204,21 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
   descriptor.mac = auth::target_proof(volume->config.secret, auth_context);
   if (Status sent = messenger.send(descriptor); !sent.ok()) {
     spdlog::warn("{}: sending VolumeDescriptor: {}", who, sent.to_string());
+    record->state.transition(supervisor::PeerState::kDisconnected, sent.message());
     connection->shutdown();
     return;
   }
+  {
+    std::lock_guard lock(volume->mutex);
+    record->method = (volume->methods & protocol::kMethodApm) != 0 ? "apm+gpspm" : "gpspm";
+  }
+  record->acknowledged = book.last_sequence;
+  record->state.transition(supervisor::PeerState::kConnected, "session open");
   spdlog::info("{}: volume {}: session open (generation {}, last sequence {}, methods {:#x})",
                who, name, book.generation, book.last_sequence, volume->methods);
 
   std::string end_reason = "initiator closed the session";
+  bool said_goodbye = false;
   auto last_heard = Clock::now();
   std::vector<protocol::Message> messages;
   bool open = true;
@@ -214,6 +233,12 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
       if (context.stopping.load()) {
         session::refuse(messenger, Errc::kClosed, "target is shutting down");
         end_reason = "target shutting down";
+        break;
+      }
+      if (volume->removed.load()) {
+        session::refuse(messenger, Errc::kClosed, "volume '" + name +
+                                                      "' was removed from the target's configuration");
+        end_reason = "volume removed by a configuration reload";
         break;
       }
       if (Clock::now() - last_heard > context.options.session_timeout) {
@@ -233,9 +258,21 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
         if (handled.ok()) {
           book.last_sequence = commit->sequence;
           volume->applied_sequence.store(book.last_sequence);
+          ++record->persists;
+          for (const auto& range : commit->ranges) record->bytes += range.length;
+          record->acknowledged = commit->sequence;
           handled = messenger.send(protocol::CommitAck{commit->sequence});
         }
-      } else if (auto* request = std::get_if<protocol::PersistRequest>(&message)) {
+      } else if (auto* request = std::get_if<protocol::PersistRequest>(&message);
+                 request != nullptr && request->sequence == protocol::kResyncSequence) {
+        // A resync copy: persist the ranges, record nothing.
+        handled = protocol::check_ranges(request->ranges, region.size());
+        for (const auto& range : request->ranges) {
+          if (!handled.ok()) break;
+          handled = region.persist(range.offset, range.length);
+        }
+        if (handled.ok()) handled = messenger.send(protocol::PersistAck{request->sequence});
+      } else if (request != nullptr) {
         handled = check_update(book, request->generation, request->sequence, request->ranges,
                                region.size());
         for (const auto& range : request->ranges) {
@@ -245,11 +282,15 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
         if (handled.ok()) {
           book.last_sequence = request->sequence;
           volume->applied_sequence.store(book.last_sequence);
+          ++record->persists;
+          for (const auto& range : request->ranges) record->bytes += range.length;
+          record->acknowledged = request->sequence;
           handled = messenger.send(protocol::PersistAck{request->sequence});
         }
       } else if (auto* ping = std::get_if<protocol::Ping>(&message)) {
         handled = messenger.send(protocol::Pong{ping->token});
       } else if (std::holds_alternative<protocol::Goodbye>(message)) {
+        said_goodbye = true;
         open = false;
         break;
       } else if (auto* error = std::get_if<protocol::ErrorReply>(&message)) {
@@ -263,6 +304,7 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
                              " during a session");
       }
       if (!handled.ok()) {
+        ++record->errors;
         end_reason = handled.to_string();
         session::refuse(messenger, handled.code(), handled.message());
         open = false;
@@ -278,6 +320,9 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
                   saved.to_string());
   }
   claim.release();
+  record->state.transition(
+      said_goodbye ? supervisor::PeerState::kClosed : supervisor::PeerState::kDisconnected,
+      end_reason);
   spdlog::info("{}: volume {}: session closed at sequence {}: {}", who, name, book.last_sequence,
                end_reason);
 }

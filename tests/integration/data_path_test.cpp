@@ -92,7 +92,7 @@ class DataPathTest : public ::testing::Test {
     o.size = kSize;
     o.create = true;
     o.identity = identity;
-    for (auto& t : targets_) o.replicas.push_back({test_address(), t->port(), test_kind(), secret});
+    for (auto& t : targets_) o.replicas.push_back({test_address(), t->port(), test_kind(), secret, ""});
     return o;
   }
 
@@ -350,7 +350,7 @@ TEST_F(DataPathTest, NoDaemonListeningIsAClearError) {
   o.size = kSize;
   o.create = true;
   o.identity = "app";
-  o.replicas.push_back({test_address(), testing::free_port(), test_kind(), kSecret});
+  o.replicas.push_back({test_address(), testing::free_port(), test_kind(), kSecret, ""});
   auto v = Volume::open(o);
   ASSERT_FALSE(v.ok());
   EXPECT_EQ(v.status().code(), Errc::kConnectionError) << v.status().to_string();
@@ -395,12 +395,39 @@ TEST(DaemonTest, BadConfigExitsNonZeroWithTheReason) {
   std::string path = tmp.file("bad.yaml");
   {
     std::ofstream out(path);
-    out << "daemon:\n  port: 99999\nvolumes: []\n";
+    out << "nodes:\n"
+           "  - {name: n1, address: 127.0.0.1, port: 99999}\n"
+           "volumes: []\n";
   }
+  // Every problem is printed, with its line, and the exit code is 2.
   std::string output;
-  int code = testing::run_daemon_to_exit({"--config", path}, output);
-  EXPECT_NE(code, 0);
-  EXPECT_NE(output.find("port"), std::string::npos) << output;
+  int code = testing::run_daemon_to_exit({"--config", path, "--node", "n1"}, output);
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(output.find("bad.yaml:2:"), std::string::npos) << output;
+  EXPECT_NE(output.find("nodes[0].port"), std::string::npos) << output;
+  EXPECT_NE(output.find("bad.yaml:3:"), std::string::npos) << output;
+  EXPECT_NE(output.find("no volumes are listed"), std::string::npos) << output;
+
+  // A valid file, but --node names no node: the error lists the nodes.
+  std::string good = tmp.file("good.yaml");
+  {
+    std::ofstream out(good);
+    out << "nodes:\n"
+           "  - {name: app, address: 127.0.0.1, port: 7451}\n"
+           "  - {name: n1, address: 127.0.0.1, state_pool: /tmp/n1.state,\n"
+           "     control_socket: /tmp/n1.sock}\n"
+           "volumes:\n"
+           "  - {name: v, size: 1MiB, primary: app, replicas: [n1], path: /tmp/v.img,\n"
+           "     allowed_peers: [app], secret: 0123456789abcdef}\n";
+  }
+  output.clear();
+  code = testing::run_daemon_to_exit({"--config", good, "--node", "n2", "--check-config"}, output);
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(output.find("--node n2: no such node"), std::string::npos) << output;
+  EXPECT_NE(output.find("app, n1"), std::string::npos) << output;
+  output.clear();
+  code = testing::run_daemon_to_exit({"--config", good, "--node", "n1", "--check-config"}, output);
+  EXPECT_EQ(code, 0) << output;
 
   output.clear();
   code = testing::run_daemon_to_exit({"--config", tmp.file("missing.yaml")}, output);
