@@ -292,15 +292,27 @@ class SpawnedTarget {
     log_ = dir_ + "/pmirrord.log";
     {
       std::ofstream out(config);
+      // A cluster file of two nodes: "bench" (the primary, where this
+      // process runs; no daemon) and "target" (this pmirrord). Both may be
+      // on one address, so "bench" gets its own port and files.
       out << "daemon:\n"
-          << "  listen: " << address_ << "\n"
-          << "  port: " << port_ << "\n"
-          << "  transport: " << transport_ << "\n"
           << "  state_pool: " << dir_ << "/pmirrord.state\n"
+          << "  control_socket: " << dir_ << "/pmirrord.sock\n"
           << "  log_level: info\n"
+          << "nodes:\n"
+          << "  - {name: bench, address: " << address_
+          << ", port: " << (port_ == 7450 ? 7451 : 7450) << ", state_pool: " << dir_
+          << "/bench.state, control_socket: " << dir_ << "/bench.sock}\n"
+          << "  - {name: target, address: " << address_ << ", port: " << port_
+          << ", transport: " << transport_ << "}\n"
           << "volumes:\n"
           << "  - name: " << volume << "\n"
-          << "    path: " << dir_ << "/replica.img\n"
+          << "    primary: bench\n"
+          << "    replicas: [target]\n"
+          << "    paths:\n"
+          << "      bench: " << dir_ << "/local.img\n"
+          << "      target: " << (volume_path_.empty() ? dir_ + "/replica.img" : volume_path_)
+          << "\n"
           << "    size: " << size << "\n"
           << "    create: true\n"
           << "    allowed_peers: [" << identity << "]\n"
@@ -317,7 +329,8 @@ class SpawnedTarget {
       int log = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       ::dup2(log, 1);
       ::dup2(log, 2);
-      ::execl(daemon_.c_str(), daemon_.c_str(), "--config", config.c_str(), nullptr);
+      ::execl(daemon_.c_str(), daemon_.c_str(), "--config", config.c_str(), "--node", "target",
+              nullptr);
       ::_exit(127);
     }
     // Ready once it logs that it listens (works for tcp and rdma alike).
@@ -353,7 +366,12 @@ class SpawnedTarget {
 
   std::string endpoint() const { return address_ + ":" + std::to_string(port_); }
 
+  // --first-target-volume (lab benchmark, scripts/lab/bench.sh): serve the
+  // volume from this path (e.g. a devdax device) instead of DIR/replica.img.
+  void set_volume_path(std::string path) { volume_path_ = std::move(path); }
+
  private:
+  std::string volume_path_;  // empty: dir_ + "/replica.img"
   std::string daemon_;
   std::string dir_;
   std::string address_;
@@ -526,6 +544,7 @@ int main(int argc, char** argv) {
   std::optional<uint64_t> iterations_override;
   uint64_t warmup = 500;
   std::string json_path;
+  std::string first_target_volume;  // --first-target-volume (lab benchmark)
 
   auto* replica_option =
       app.add_option("--replica", replica_args, "a running target as HOST:PORT (repeat for more)");
@@ -551,6 +570,9 @@ int main(int argc, char** argv) {
                  "spawn mode: where volume files, state pools and logs go (/dev/shm keeps msync "
                  "off the disk)")
       ->capture_default_str();
+  app.add_option("--first-target-volume", first_target_volume,
+                 "spawn mode: the first target serves its volume from PATH (e.g. a devdax device "
+                 "such as /dev/dax1.0, for APM over rdma) instead of a file under --dir");
   app.add_flag("--keep", keep, "spawn mode: keep the work folder (configs, logs, volumes)");
   app.add_option("--sizes", size_args, "record sizes (e.g. 64,4KiB)")
       ->delimiter(',')
@@ -651,6 +673,8 @@ int main(int argc, char** argv) {
     for (int i = 0; i < spawn_targets; ++i) {
       targets.push_back(std::make_unique<SpawnedTarget>(
           daemon_path, work_dir + "/target" + std::to_string(i), address, transport_name));
+      if (i == 0 && !first_target_volume.empty())
+        targets.back()->set_volume_path(first_target_volume);
       Status started = targets.back()->start(volume_name, *volume_size, identity, secret);
       if (!started.ok())
         return fail("starting target " + std::to_string(i) + ": " + started.message());
@@ -701,7 +725,7 @@ int main(int argc, char** argv) {
                                             : initiator::MethodPreference::kAuto;
     options.max_in_flight = max_depth;
     for (size_t i = 0; i < replicas; ++i) {
-      options.replicas.push_back({endpoints[i].host, endpoints[i].port, *kind, secret});
+      options.replicas.push_back({endpoints[i].host, endpoints[i].port, *kind, secret, ""});
     }
     // A target releases the previous run's writer claim once it has seen
     // that session end, which may be a moment after our Volume closed it.

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# pmirror's persist latency over real verbs (Soft-RoCE) next to perftest, in
+# ONE QEMU lab guest: sets the lab up (scripts/lab/setup.sh, idempotent),
+# boots one guest with NVDIMMs and a writable results folder, and runs
+# scripts/lab/tests/guest-bench.sh there: R rounds, each of ib_write_lat,
+# ib_read_lat (server + client on rxe0's address) and pmirror-bench over rdma
+# (depth 1, one replica; target on devdax = APM, on a tmpfs file = GPSPM) at
+# every size, interleaved. Prints the median over rounds of each tool's
+# per-round median (and p99) and the ratios pmirror / ib_read_lat and
+# pmirror / ib_write_lat. docs/benchmarks.md ("Over RDMA") shows results.
+#
+# Builds nothing: give a build folder (argument or $PMIRROR_BUILD_DIR, default
+# build/) with daemon/pmirrord and bench/pmirror-bench.
+#
+#   scripts/lab/bench.sh [BUILD_DIR]
+#   scripts/lab/bench.sh --summarize RESULTS_DIR   # only print the summary again
+#
+# Environment:
+#   PMIRROR_LAB_BENCH_OUT     results folder (default bench/results/lab-<date>-<host>)
+#   PMIRROR_LAB_BENCH_ROUNDS  rounds (default 5)
+#   PMIRROR_LAB_BENCH_SIZES   sizes in bytes, comma-separated (default 64,4096)
+#   PMIRROR_LAB_BENCH_ITERS   measured ops per tool, size and round (default 500)
+#   PMIRROR_LAB_BENCH_WARMUP  pmirror-bench warm-up persists per cell (default 100)
+#   PMIRROR_LAB_BENCH_GPSPM   1: also a file-backed target (GPSPM); 0 (default): devdax only
+#   PMIRROR_LAB_BENCH_NODE    NVDIMM set (run.sh --node; default bench, so that the
+#                             run neither waits for nor disturbs the tests' NVDIMMs)
+#   PMIRROR_LAB_BENCH_TIMEOUT whole guest boot limit in seconds (default 1500)
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+
+# summarize OUT_DIR: the table and ratios from OUT_DIR/rounds.tsv (+ host.txt,
+# guest-versions.txt) to stdout, OUT_DIR/summary.txt and summary.json.
+summarize() {
+  python3 - "$1" <<'PY' | tee "$1/summary.txt"
+import csv, json, statistics, sys
+out = sys.argv[1]
+import math
+rows = list(csv.DictReader(open(f"{out}/rounds.tsv"), delimiter="\t"))
+# perftest prints "inf" when its CPU-frequency calibration fails (seen under
+# TCG on a loaded host): such a run has no usable numbers; drop it.
+dropped = [r for r in rows if not math.isfinite(float(r["p50_us"]))]
+rows = [r for r in rows if math.isfinite(float(r["p50_us"]))]
+facts = {}
+for name in ("host.txt", "guest-versions.txt"):
+    for line in open(f"{out}/{name}"):
+        if "=" in line:
+            k, v = line.rstrip("\n").split("=", 1)
+            facts[k] = v
+tools = ["ib_write_lat", "ib_read_lat", "pmirror-apm", "pmirror-gpspm"]
+sizes = sorted({int(r["size"]) for r in rows})
+med = lambda xs: statistics.median(xs) if xs else float("nan")
+summary = {}
+for t in tools:
+    for s in sizes:
+        sel = [r for r in rows if r["tool"] == t and int(r["size"]) == s]
+        if not sel:
+            continue
+        p50s = [float(r["p50_us"]) for r in sel]
+        p99s = [float(r["p99_us"]) for r in sel]
+        summary[(t, s)] = {
+            "tool": t, "size": s, "rounds": len(sel),
+            "p50_us": med(p50s), "p50_min_us": min(p50s), "p50_max_us": max(p50s),
+            "p99_us": med(p99s), "p99_min_us": min(p99s), "p99_max_us": max(p99s),
+            "method": sel[0]["method"],
+        }
+# Per-round ratios (same round, same size), then their median: pairs the
+# numbers taken closest together in time.
+def ratio(num, den, s):
+    rs = []
+    for r in {x["round"] for x in rows}:
+        a = [float(x["p50_us"]) for x in rows if x["round"] == r and x["tool"] == num and int(x["size"]) == s]
+        b = [float(x["p50_us"]) for x in rows if x["round"] == r and x["tool"] == den and int(x["size"]) == s]
+        if a and b and b[0] > 0:
+            rs.append(a[0] / b[0])
+    return rs
+label = {"ib_write_lat": "ib_write_lat (one-way)", "ib_read_lat": "ib_read_lat (round trip)",
+         "pmirror-apm": "pmirror persist, devdax target", "pmirror-gpspm": "pmirror persist, file target"}
+print(f"guest {facts.get('guest_kernel')}; rdma-core {facts.get('rdma_core', '?').split()[0]}; "
+      f"perftest {facts.get('perftest')}; {facts.get('qemu')}")
+print(f"host load before {facts.get('host_load_before')}, during {facts.get('host_load_during')}, "
+      f"after {facts.get('host_load_after')}; wall {facts.get('wall_s')} s")
+print(f"rounds={facts.get('rounds')}")
+for r in dropped:
+    print(f"dropped: round {r['round']} {r['tool']} {r['size']} B (no finite numbers: perftest's CPU-frequency calibration failed)")
+print()
+print("median over rounds of each round's median (p50) and p99, microseconds; [min-max of the per-round p50]")
+print(f"{'what':34} {'size':>6} {'method':>6} {'p50':>8} {'[range]':>17} {'p99':>8}")
+for t in tools:
+    for s in sizes:
+        c = summary.get((t, s))
+        if c:
+            rng = f"[{c['p50_min_us']:.1f}-{c['p50_max_us']:.1f}]"
+            print(f"{label[t]:34} {s:>6} {c['method']:>6} {c['p50_us']:8.1f} {rng:>17} {c['p99_us']:8.1f}")
+print()
+print("ratios of p50: median over rounds of the per-round ratio (and ratio of the medians above)")
+ratios = []
+for num in ("pmirror-apm", "pmirror-gpspm"):
+    for den in ("ib_read_lat", "ib_write_lat"):
+        for s in sizes:
+            if (num, s) not in summary or (den, s) not in summary:
+                continue
+            rs = ratio(num, den, s)
+            of_medians = summary[(num, s)]["p50_us"] / summary[(den, s)]["p50_us"]
+            ratios.append({"num": num, "den": den, "size": s, "median_of_round_ratios": med(rs),
+                           "min": min(rs), "max": max(rs), "ratio_of_medians": of_medians})
+            print(f"  {num:14} / {den:13} {s:>6} B: {med(rs):5.2f} (rounds {min(rs):.2f}-{max(rs):.2f}; "
+                  f"of medians {of_medians:.2f})")
+json.dump({"facts": facts, "dropped": dropped, "summary": list(summary.values()), "ratios": ratios, "rounds": rows},
+          open(f"{out}/summary.json", "w"), indent=2)
+print(f"\nwrote {out}/summary.txt, summary.json, rounds.tsv, raw/")
+PY
+}
+if [[ ${1:-} == --summarize ]]; then
+  summarize "${2:?usage: bench.sh --summarize RESULTS_DIR}"
+  exit
+fi
+
+build=${1:-${PMIRROR_BUILD_DIR:-$repo/build}}
+build=$(cd "$build" && pwd) || { echo "bench.sh: no build folder $build" >&2; exit 1; }
+for f in daemon/pmirrord bench/pmirror-bench; do
+  [[ -x $build/$f ]] || { echo "bench.sh: $build/$f missing (build first, e.g. scripts/build.sh)" >&2; exit 1; }
+done
+"$build/bench/pmirror-bench" --help | grep -q -- --first-target-volume ||
+  { echo "bench.sh: $build/bench/pmirror-bench has no --first-target-volume (rebuild)" >&2; exit 1; }
+
+stamp=$(date +%Y%m%d-%H%M%S)-$(hostname -s)
+out=${PMIRROR_LAB_BENCH_OUT:-$repo/bench/results/lab-$stamp}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+node=${PMIRROR_LAB_BENCH_NODE:-bench}
+export PMIRROR_LAB_BENCH_ROUNDS=${PMIRROR_LAB_BENCH_ROUNDS:-5}
+export PMIRROR_LAB_BENCH_SIZES=${PMIRROR_LAB_BENCH_SIZES:-64,4096}
+export PMIRROR_LAB_BENCH_ITERS=${PMIRROR_LAB_BENCH_ITERS:-500}
+export PMIRROR_LAB_BENCH_WARMUP=${PMIRROR_LAB_BENCH_WARMUP:-100}
+export PMIRROR_LAB_BENCH_GPSPM=${PMIRROR_LAB_BENCH_GPSPM:-0}
+
+"$repo/scripts/lab/setup.sh"
+
+{
+  echo "date=$(date -Is)"
+  echo "host_kernel=$(uname -srm)"
+  echo "host_cpus=$(nproc) x $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+  echo "qemu=$(qemu-system-x86_64 --version | head -n1)"
+  echo "commit=$(git -C "$repo" describe --always --dirty 2>/dev/null || echo unknown)"
+  echo "build=$build"
+  echo "host_load_before=$(cut -d' ' -f1-3 /proc/loadavg)"
+} > "$out/host.txt"
+cat "$out/host.txt"
+
+# Host load every 10 s while the guest runs (TCG slows down with it).
+(while :; do echo "$(date +%s) $(cut -d' ' -f1 /proc/loadavg)"; sleep 10; done) > "$out/host-load.log" &
+sampler=$!
+trap 'kill "$sampler" 2>/dev/null || true' EXIT
+
+started=$(date +%s)
+status=0
+PMIRROR_LAB_TIMING=1 "$repo/scripts/lab/run.sh" --nvdimm --node "$node" --rw "$out" \
+  --timeout "${PMIRROR_LAB_BENCH_TIMEOUT:-1500}" \
+  --env PMIRROR_LAB_BENCH_ROUNDS --env PMIRROR_LAB_BENCH_SIZES --env PMIRROR_LAB_BENCH_ITERS \
+  --env PMIRROR_LAB_BENCH_WARMUP --env PMIRROR_LAB_BENCH_GPSPM -- \
+  "$repo/scripts/lab/tests/guest-bench.sh" "$build" "$out" 2>&1 | tee "$out/guest.log" ||
+  status=$?
+kill "$sampler" 2>/dev/null || true
+{
+  echo "host_load_after=$(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "host_load_during=$(awk '{s += $2; n++; if ($2 > m) m = $2} END {if (n) printf "mean %.1f, max %.1f (%d samples)", s / n, m, n}' "$out/host-load.log")"
+  echo "wall_s=$(($(date +%s) - started))"
+} >> "$out/host.txt"
+if [[ $status != 0 || ! -s $out/rounds.tsv ]]; then
+  echo "bench.sh: the guest run failed (status $status); see $out/guest.log" >&2
+  [[ $status == 0 ]] && status=1
+  exit "$status"
+fi
+
+summarize "$out"

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Runs INSIDE one lab guest (scripts/lab/run.sh --nvdimm --rw OUT_DIR), started
+# by scripts/lab/bench.sh: R interleaved rounds, each of
+#   ib_write_lat  -d rxe0 -x 1 -s SIZE -n N   (server + client on $PMIRROR_LAB_SELF)
+#   ib_read_lat   -d rxe0 -x 1 -s SIZE -n N
+#   pmirror-bench over rdma, depth 1, one replica, target on devdax (APM)
+#   pmirror-bench over rdma, depth 1, one replica, target on a tmpfs file (GPSPM)
+# for every SIZE, the order of the four rotated from round to round. Raw
+# outputs go to OUT_DIR/raw/, one line per (round, tool, size) to
+# OUT_DIR/rounds.tsv; bench.sh summarizes on the host.
+#   guest-bench.sh BUILD_DIR OUT_DIR
+# Environment (bench.sh passes them on):
+#   PMIRROR_LAB_BENCH_ROUNDS  rounds (default 5)
+#   PMIRROR_LAB_BENCH_SIZES   record sizes in bytes, comma-separated (default 64,4096)
+#   PMIRROR_LAB_BENCH_ITERS   measured ops per tool, size and round (default 500)
+#   PMIRROR_LAB_BENCH_WARMUP  pmirror-bench unmeasured persists per cell (default 100)
+#   PMIRROR_LAB_BENCH_GPSPM   1: also the file target; 0 (default): devdax only
+set -euo pipefail
+build=${1:?usage: guest-bench.sh BUILD_DIR OUT_DIR}
+out=${2:?usage: guest-bench.sh BUILD_DIR OUT_DIR}
+: "${PMIRROR_LAB_SELF:?not in a lab guest}"
+: "${PMIRROR_LAB_DAX_DEV:?run with --nvdimm}"
+rounds=${PMIRROR_LAB_BENCH_ROUNDS:-5}
+sizes=${PMIRROR_LAB_BENCH_SIZES:-64,4096}
+iters=${PMIRROR_LAB_BENCH_ITERS:-500}
+warmup=${PMIRROR_LAB_BENCH_WARMUP:-100}
+gpspm=${PMIRROR_LAB_BENCH_GPSPM:-0}
+dev=${PMIRROR_LAB_RDMA_DEV:-rxe0}
+addr=$PMIRROR_LAB_SELF
+bench="$build/bench/pmirror-bench"
+daemon="$build/daemon/pmirrord"
+ulimit -l unlimited
+mkdir -p "$out/raw"
+tsv="$out/rounds.tsv"
+printf 'round\ttool\tsize\tp50_us\tp99_us\tp999_us\tmin_us\tmax_us\tmethod\n' > "$tsv"
+
+# ----------------------------------------------------------------- versions
+{
+  echo "guest_kernel=$(uname -r)"
+  echo "guest_uname=$(uname -srvm)"
+  echo "rdma_core=$(dpkg-query -W -f '${Version}' libibverbs1) (libibverbs1; ibverbs-providers $(dpkg-query -W -f '${Version}' ibverbs-providers), librdmacm1 $(dpkg-query -W -f '${Version}' librdmacm1))"
+  echo "perftest=$(dpkg-query -W -f '${Version}' perftest) ($(ib_write_lat --version 2>&1 | head -n1))"
+  echo "rxe_port=$(ibv_devinfo -d "$dev" 2>/dev/null | awk '/state:|active_mtu:/ {printf "%s %s ", $1, $2}')"
+  echo "guest_cpus=$(nproc) x $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+  echo "guest_mem=$(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
+  echo "dax_dev=$PMIRROR_LAB_DAX_DEV ($(cat /sys/bus/dax/devices/"$(basename "$PMIRROR_LAB_DAX_DEV")"/size 2>/dev/null || echo '?') bytes)"
+  echo "rounds=$rounds sizes=$sizes iters=$iters warmup=$warmup gpspm=$gpspm"
+} | tee "$out/guest-versions.txt"
+
+port=20000
+# perftest TOOL SIZE ROUND: server and client in this guest, the client's
+# report line (#bytes #iters t_min t_max t_typical t_avg t_stdev p99 p99.9)
+# into the TSV. t_typical is perftest's median.
+perftest() {
+  local tool=$1 size=$2 round=$3 log="$out/raw/r$3-$1-$2"
+  # Under TCG on a loaded host perftest's CPU-frequency calibration now and
+  # then fails and it reports "inf": run that one once more.
+  perftest_once "$@" || return 1
+  grep -q '^ *[0-9]\+ \+[0-9]\+ \+inf' "$log.client" || return 0
+  echo "guest-bench: $tool -s $size reported inf (perftest calibration), once more" >&2
+  sed -i '$d' "$tsv"  # its row, just appended
+  perftest_once "$@"
+}
+perftest_once() {
+  local tool=$1 size=$2 round=$3 log="$out/raw/r$3-$1-$2"
+  port=$((port + 1))
+  timeout 120 "$tool" -d "$dev" -x 1 -F -s "$size" -n "$iters" -p "$port" > "$log.server" 2>&1 &
+  local server=$! ok=0
+  for _ in $(seq 40); do
+    sleep 0.25
+    if timeout 120 "$tool" -d "$dev" -x 1 -F -s "$size" -n "$iters" -p "$port" "$addr" \
+        > "$log.client" 2>&1; then
+      ok=1
+      break
+    fi
+    grep -q "Couldn't connect\|Unable to open file descriptor for socket connection" "$log.client" ||
+      break
+  done
+  wait "$server" || true
+  if [[ $ok != 1 ]]; then
+    echo "guest-bench: $tool -s $size failed:" >&2
+    cat "$log.client" "$log.server" >&2
+    return 1
+  fi
+  # columns: bytes iters t_min t_max t_typical t_avg t_stdev p99 p99.9
+  awk -v r="$round" -v t="$tool" -v s="$size" -v OFS='\t' \
+    '$1 == s && NF >= 9 && $2 ~ /^[0-9]+$/ {print r, t, s, $5, $8, $9, $3, $4, "-"; found = 1}
+     END {exit !found}' "$log.client" >> "$tsv" ||
+    { echo "guest-bench: no report line in $log.client" >&2; cat "$log.client" >&2; return 1; }
+}
+
+# pmirror ROUND KIND: one pmirror-bench run over rdma (all sizes, depth 1,
+# one replica); KIND apm = the target's volume on devdax, gpspm = on a file
+# in the guest's /dev/shm (tmpfs). Rows into the TSV.
+pmirror() {
+  local round=$1 kind=$2 json="$out/raw/r$1-pmirror-$2.json"
+  local extra=()
+  [[ $kind == apm ]] && extra=(--first-target-volume "$PMIRROR_LAB_DAX_DEV")
+  timeout 300 "$bench" --spawn-targets 1 --pmirrord "$daemon" --transport rdma --address "$addr" \
+    --dir /dev/shm --size 16MiB --sizes "$sizes" --depths 1 --replicas-list 1 \
+    --iterations "$iters" --warmup "$warmup" --json "$json" "${extra[@]}" \
+    > "$out/raw/r$1-pmirror-$2.txt" 2>&1 ||
+    { echo "guest-bench: pmirror-bench ($kind) failed:" >&2; cat "$out/raw/r$1-pmirror-$2.txt" >&2; return 1; }
+  python3 - "$json" "$round" "pmirror-$kind" >> "$tsv" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+methods = {m["replicas"]: m["method"] for m in doc["setup"]["methods"]}
+for c in doc["persist"]:
+    if c["depth"] == 1 and c["replicas"] == 1:
+        print("\t".join(str(x) for x in (sys.argv[2], sys.argv[3], c["size"], c["p50_us"], c["p99_us"],
+                                          c["p999_us"], c["min_us"], c["max_us"], methods.get(1, "?"))))
+PY
+}
+
+steps=(write read apm)
+[[ $gpspm == 1 ]] && steps+=(gpspm)
+start=$(date +%s)
+for round in $(seq 1 "$rounds"); do
+  n=${#steps[@]}
+  order=()
+  for i in $(seq 0 $((n - 1))); do order+=("${steps[$(((i + round - 1) % n))]}"); done
+  echo "guest-bench: round $round/$rounds (${order[*]}), $(($(date +%s) - start)) s in, guest load $(cut -d' ' -f1-3 /proc/loadavg)"
+  for step in "${order[@]}"; do
+    case $step in
+      write | read)
+        for size in ${sizes//,/ }; do perftest "ib_${step}_lat" "$size" "$round"; done
+        ;;
+      apm | gpspm) pmirror "$round" "$step" ;;
+    esac
+  done
+done
+echo "guest-bench: $rounds rounds in $(($(date +%s) - start)) s"
+echo "elapsed_s=$(($(date +%s) - start))" >> "$out/guest-versions.txt"
