@@ -96,7 +96,9 @@ int main(int argc, char** argv) {
   // control server starts after the target, so the sink looks it up.
   std::atomic<pmirror::control::Server*> control_server{nullptr};
   pmirror::target::TargetOptions target_options;
-  target_options.session_timeout = config.heartbeat_timeout * 3;
+  // Initiators ping every heartbeat_interval while idle: a session silent
+  // for heartbeat_timeout has lost its initiator.
+  target_options.session_timeout = config.heartbeat_timeout;
   target_options.on_event = [&control_server, &config](const pmirror::supervisor::StateChange& c) {
     spdlog::info("volume {}: peer {}: {} -> {}{}{}", c.volume, c.peer,
                  pmirror::supervisor::state_name(c.from), pmirror::supervisor::state_name(c.to),

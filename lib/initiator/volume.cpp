@@ -397,6 +397,8 @@ Result<std::unique_ptr<Volume>> Volume::open_from_config(const std::string& conf
   options.identity = identity;
   options.ack = plan.ack;
   options.heartbeat_interval = plan.heartbeat_interval;
+  // A replica silent for heartbeat_timeout (no pong, no completion) is lost.
+  options.operation_timeout = plan.heartbeat_timeout;
   options.reconnect_initial = plan.reconnect_initial;
   options.reconnect_max = plan.reconnect_max;
   for (const auto& replica : plan.replicas) {

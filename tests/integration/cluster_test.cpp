@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -31,6 +32,15 @@ using nlohmann::json;
 using testing::TempDir;
 
 constexpr uint64_t kSize = 4ull << 20;
+
+// Over tcp on any machine; over rdma in the lab (scripts/lab/tests/
+// guest-data-path.sh sets PMIRROR_TEST_TRANSPORT=rdma and the rxe address).
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? value : fallback;
+}
+std::string test_transport() { return env_or("PMIRROR_TEST_TRANSPORT", "tcp"); }
+std::string test_address() { return env_or("PMIRROR_TEST_ADDRESS", "127.0.0.1"); }
 
 // Runs a command, returns its exit status and stdout.
 int run(const std::vector<std::string>& argv, std::string& out) {
@@ -136,10 +146,12 @@ class ClusterTest : public ::testing::Test {
         << "  reconnect_initial: 100ms\n"
         << "  reconnect_max: 400ms\n"
         << "nodes:\n"
-        << "  - {name: app, address: 127.0.0.1, port: " << ports_[0] << "}\n";
+        << "  - {name: app, address: " << test_address() << ", port: " << ports_[0]
+        << ", transport: " << test_transport() << "}\n";
     for (int i = 1; i <= 2; ++i) {
       out << "  - name: node" << i << "\n"
-          << "    address: 127.0.0.1\n"
+          << "    address: " << test_address() << "\n"
+          << "    transport: " << test_transport() << "\n"
           << "    port: " << ports_[i] << "\n"
           << "    control_socket: " << socket(i) << "\n"
           << "    state_pool: " << tmp_.file("node" + std::to_string(i) + ".state") << "\n";

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs INSIDE one lab guest (scripts/lab/run.sh --nvdimm): the data-path
 # integration tests over rdma (rxe0), the first target on devdax, the second
-# on a plain file; the fsdax start-up check; the rdma transport tests.
+# on a plain file; the fsdax start-up check; the rdma transport tests; the
+# three-node cluster status transitions over rdma.
 set -euo pipefail
 build=${1:?usage: guest-data-path.sh BUILD_DIR}
 : "${PMIRROR_LAB_SELF:?not in a lab guest}"
@@ -19,3 +20,5 @@ echo "== rdma transport tests (rxe0, devdax, fsdax)"
 "$build/tests/unit/transport_rdma/transport_rdma_test" --gtest_brief=1
 echo "== data path over rdma (devdax target + file target)"
 "$build/tests/integration/data_path_test" --gtest_brief=1 --gtest_filter='DataPathTest.*:DaemonTest.Fsdax*'
+echo "== cluster status over rdma (a replica stopped, restarted, resynced; reload)"
+"$build/tests/integration/cluster_test" --gtest_brief=1
