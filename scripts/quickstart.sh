@@ -54,16 +54,19 @@ YAML
 echo "== starting pmirrord (config $work/cluster.yaml, node demo-replica)"
 "$bin/daemon/pmirrord" --config "$work/cluster.yaml" --node demo-replica --foreground &
 daemon_pid=$!
+ctl=("$bin/daemon/pmirrorctl" --socket "$work/pmirrord.sock" --runtime-dir "$work")
 for _ in $(seq 100); do
-  (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+  "${ctl[@]}" status >/dev/null 2>&1 && break
   kill -0 "$daemon_pid" 2>/dev/null || { echo "pmirrord exited; see above" >&2; exit 1; }
   sleep 0.1
 done
 
-echo "== mirroring 10000 records of 256 bytes"
-"$bin/examples/pmirror-demo" --volume demo --local "$work/local.img" --size 64MiB \
-  --replica "127.0.0.1:$port" --identity demo --secret-file "$work/demo.secret" \
-  --count 10000 --record-size 256
+echo "== mirroring 10000 records of 256 bytes (pmirror-demo, node demo-app)"
+"$bin/examples/pmirror-demo" --config "$work/cluster.yaml" --node demo-app --volume demo \
+  --identity demo --count 10000 --record-size 256
+
+echo "== what the replica's pmirrord says (pmirrorctl status)"
+"${ctl[@]}" status
 
 echo "== stopping pmirrord"
 kill "$daemon_pid"

@@ -2,6 +2,10 @@
 // records into the local mapping and persist each one. When persist returns,
 // the record is durable locally and on every replica.
 //
+//   pmirror-demo --config cluster.yaml --node app1 --volume demo --identity demo
+//
+// or without a cluster file, naming everything on the command line:
+//
 //   pmirror-demo --volume demo --local /tmp/demo.img --size 64MiB
 //       --replica 127.0.0.1:7450 --secret-file demo.secret --count 10000
 #include <CLI/CLI.hpp>
@@ -28,10 +32,15 @@ int main(int argc, char** argv) {
   uint64_t count = 10000;
   uint64_t record_size = 256;
   options.identity = "demo";
+  std::string config_path;
+  std::string node;
+  app.add_option("--config", config_path,
+                 "cluster file: the volume's replicas, secret and local path come from it");
+  app.add_option("--node", node, "this node's name in the cluster file (default: host name)");
   app.add_option("--volume", options.name, "volume name on the targets")->required();
-  app.add_option("--local", options.local_path, "local copy (created if missing)")->required();
+  app.add_option("--local", options.local_path, "local copy (created if missing)");
   app.add_option("--size", size_text, "volume size (e.g. 64MiB)")->capture_default_str();
-  app.add_option("--replica", replicas, "target as HOST:PORT (repeat for more)")->required();
+  app.add_option("--replica", replicas, "target as HOST:PORT (repeat for more)");
   app.add_option("--transport", transport_name, "tcp|rdma")->capture_default_str();
   app.add_option("--identity", options.identity, "who we are to the targets")
       ->capture_default_str();
@@ -42,6 +51,10 @@ int main(int argc, char** argv) {
   app.add_option("--record-size", record_size, "bytes per record")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
+  if (config_path.empty() && (options.local_path.empty() || replicas.empty())) {
+    std::fprintf(stderr, "pmirror-demo: give --config FILE, or --local and --replica\n");
+    return 2;
+  }
   auto size = config::parse_size(size_text);
   if (!size.ok()) {
     std::fprintf(stderr, "--size: %s\n", size.status().message().c_str());
@@ -85,14 +98,17 @@ int main(int argc, char** argv) {
     options.replicas.push_back(spec);
   }
 
-  auto volume = initiator::Volume::open(options);
+  auto volume = config_path.empty()
+                    ? initiator::Volume::open(options)
+                    : initiator::Volume::open_from_config(config_path, options.name,
+                                                          options.identity, node);
   if (!volume.ok()) {
     std::fprintf(stderr, "pmirror-demo: %s\n", volume.status().message().c_str());
     return 1;
   }
   std::printf("opened volume '%s' (%llu bytes, local pmem=%d) with %zu replica(s):\n",
               options.name.c_str(), static_cast<unsigned long long>((*volume)->size()),
-              (*volume)->is_pmem(), options.replicas.size());
+              (*volume)->is_pmem(), (*volume)->replicas().size());
   for (const auto& r : (*volume)->replicas()) {
     std::printf("  %s  %s  method=%s generation=%llu\n", r.address.c_str(),
                 std::string(initiator::replica_state_name(r.state)).c_str(), r.method.c_str(),
