@@ -1,0 +1,160 @@
+// A fake fabric: a third implementation of the transport seam, in-process,
+// for deterministic tests (docs/transport-fake.md).
+//
+// It really moves bytes between registered memory, with the semantics of an
+// RC connection as transport.h and tcp_transport.h describe them: operations
+// on a connection execute in posting order, each one atomically; a Read sees
+// every Write posted before it; a Send fills the oldest pre-posted receive
+// slot of the peer and, with none posted, waits (back-pressure, RNR) and holds
+// up everything posted behind it; remote access errors (unknown rkey, range
+// outside the registration, missing access bit) complete the operation with
+// kPermissionDenied "remote access error: ..." and break the connection;
+// shutdown() and broken connections flush unfinished operations, then the
+// posted receive slots, with errors, after which poll() returns kClosed.
+//
+// Execution. By default the fabric executes an operation as soon as it can
+// (inside post_*, or inside repost_recv() for a Send that waited for a slot),
+// in the calling thread. set_manual(true) queues everything instead; the test
+// then executes operations one at a time with step() (the oldest runnable
+// operation on the fabric, by posting order) or step(connection), or all of
+// them with run_until_idle().
+//
+// Persistence (the passive side's durable image). Every registration with
+// kRemoteWrite access is backed by a tracked "medium": a durable image of its
+// bytes (taken from the memory when first registered or tracked) and the list
+// of Writes placed into it that are not durable yet. A Write changes the
+// visible bytes at once; its range becomes durable
+//  * when a later Read executes on the same connection (APM; the fabric then
+//    calls the registration's PersistFn on the flushed ranges, as tcp does),
+//    unless FabricOptions::read_flushes is false;
+//  * when the owner persists it: persist(addr, len), or a PersistFn obtained
+//    from tracking_persist_fn() (GPSPM).
+// A flush makes the *addresses* durable with their current contents, as a
+// CPU cache flush does. crash() rolls the visible bytes back to the durable
+// image: every Write not covered by a flush is dropped -- entirely, or (with
+// CrashOptions::tear) independently per aligned 8-byte word, to model torn
+// writes.
+//
+// Thread safety: every object may be used from any thread; one mutex guards
+// the whole fabric. PersistFns are called with it held and must not call back
+// into the fabric.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "transport/transport.h"
+
+namespace pmirror::transport::fake {
+
+struct FabricOptions {
+  // What Connection::kind() reports. The fake's persistence semantics match
+  // tcp (a Read after Writes flushes them); pick kRdma to exercise code that
+  // branches on the kind.
+  Kind reported_kind = Kind::kTcp;
+  // false: a Read does not make earlier Writes durable (rdma into a plain
+  // file: only the owner's persist does -- GPSPM only).
+  bool read_flushes = true;
+};
+
+struct CrashOptions {
+  // false: a Write not covered by a flush is dropped entirely.
+  // true: each 8-byte word it touched (aligned to the address) survives or
+  // not independently, chosen by a generator seeded with `seed`.
+  bool tear = false;
+  uint64_t seed = 1;
+};
+
+namespace detail {
+struct Hub;
+}
+
+class FakeFabric {
+ public:
+  static std::shared_ptr<FakeFabric> create(const FabricOptions& options = {});
+  ~FakeFabric();
+  FakeFabric(const FakeFabric&) = delete;
+  FakeFabric& operator=(const FakeFabric&) = delete;
+
+  // A listener for `name` (kAlreadyExists if one is listening there). The
+  // name is also the node that accepted connections belong to, for crash().
+  Result<std::unique_ptr<Listener>> listen(const std::string& name,
+                                           const ConnectionOptions& options = {});
+  // Connects to the listener `name`: the pair exists at once (the passive end
+  // waits in the listener's backlog for accept()). `from` names the node of
+  // the active end. kConnectionError when nobody listens there; kConfigError
+  // when message_size differs from the listener's.
+  Result<std::unique_ptr<Connection>> connect(const std::string& name,
+                                              const ConnectionOptions& options = {},
+                                              const std::string& from = "initiator");
+
+  // ---- execution control
+  void set_manual(bool manual);  // false again: runs everything runnable
+  bool manual() const;
+  // Executes the oldest runnable operation (a Send waiting for a slot is not
+  // runnable, nor anything behind it). false when there was none.
+  bool step();
+  // The same, restricted to operations posted on `connection`.
+  bool step(const Connection& connection);
+  size_t run_until_idle();  // executes until nothing is runnable; how many
+  size_t pending() const;   // operations posted, not yet executed
+
+  // ---- fault injection
+  // Breaks the connection (both ends) now, as a pulled cable: unfinished
+  // operations on both ends complete with `reason`-derived errors.
+  void break_connection(const Connection& connection,
+                        Status reason = Status(Errc::kConnectionError, "link failure (injected)"));
+  // The operation executed on `connection` after `skip` more have executed
+  // successfully fails with `reason` (kConnectionError "... retry exceeded"
+  // by default: lost on the wire) and breaks the connection; it is not
+  // applied at the peer.
+  void fail_after(const Connection& connection, uint64_t skip,
+                  Status reason = Status(Errc::kConnectionError,
+                                         "transport retry counter exceeded (injected drop)"));
+  // The next operation executed on `connection` is lost on the wire: it is
+  // not applied at the peer, completes with "transport retry counter
+  // exceeded" and breaks the connection (RC never loses silently).
+  // fail_after(connection, 0) with that reason.
+  void drop_next(const Connection& connection);
+
+  // ---- persistence
+  // Tracks [addr, addr+len) as pmem of `node` for the fabric's lifetime, so
+  // its durable image outlives registrations (a target's region across
+  // sessions). Registrations inside it share it.
+  Status track(const std::string& node, void* addr, size_t len);
+  // The owner persists [addr, addr+len) (GPSPM): marks it durable in every
+  // tracked medium it overlaps, then calls the PersistFn of every live
+  // registration that overlaps it, clipped to that registration.
+  void persist(const void* addr, size_t len);
+  // A PersistFn that marks the range durable (no registration callbacks) and
+  // then calls `real` -- to hand to code that persists through a PersistFn.
+  PersistFn tracking_persist_fn(PersistFn real = {});
+  // Ends track(): the medium holding addr is forgotten once no registration
+  // uses it. Call it before freeing tracked memory.
+  void untrack(const void* addr);
+
+  // Crashes `node`: every connection with an end there breaks (operations
+  // not executed yet are lost), and every medium of the node rolls back to
+  // its durable image.
+  void crash(const std::string& node, const CrashOptions& options = {});
+  // Crashes the medium behind one registration, and breaks its connection.
+  void crash(const MemoryRegion& region, const CrashOptions& options = {});
+  void crash_all(const CrashOptions& options = {});
+
+  // The durable image of [addr, addr+len), which must lie inside one tracked
+  // medium (kNotFound otherwise).
+  Result<std::vector<std::byte>> durable_bytes(const void* addr, size_t len) const;
+  Result<std::vector<std::byte>> durable_bytes(const MemoryRegion& region) const;
+  // Writes placed into tracked media and not yet durable.
+  size_t undurable_writes() const;
+
+ private:
+  explicit FakeFabric(const FabricOptions& options);
+  std::shared_ptr<detail::Hub> hub_;
+};
+
+}  // namespace pmirror::transport::fake

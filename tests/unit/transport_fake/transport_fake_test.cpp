@@ -1,0 +1,924 @@
+// The fake fabric: the transport contract the tcp tests check, plus
+// deterministic execution, fault injection and crash semantics.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "transport/fake/fake_fabric.h"
+#include "transport/transport.h"
+
+namespace pmirror::transport::fake {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Pair {
+  std::shared_ptr<FakeFabric> fabric;
+  std::unique_ptr<Listener> listener;
+  std::unique_ptr<Connection> active;   // the connect() side, node "initiator"
+  std::unique_ptr<Connection> passive;  // the accept() side, node "target"
+};
+
+Pair make_pair(const ConnectionOptions& options = {}, const FabricOptions& fo = {}) {
+  Pair p;
+  p.fabric = FakeFabric::create(fo);
+  auto l = p.fabric->listen("target", options);
+  EXPECT_TRUE(l.ok()) << l.status().to_string();
+  p.listener = std::move(*l);
+  auto c = p.fabric->connect("target", options);
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  p.active = std::move(*c);
+  auto a = p.listener->accept(0ms);
+  EXPECT_TRUE(a.ok()) << a.status().to_string();
+  p.passive = std::move(*a);
+  EXPECT_NE(p.passive, nullptr);
+  return p;
+}
+
+std::vector<Completion> wait_for(Connection& c, size_t n, std::chrono::milliseconds each = 100ms) {
+  std::vector<Completion> got;
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  Completion buf[16];
+  while (got.size() < n && std::chrono::steady_clock::now() < deadline) {
+    auto r = c.poll(std::span(buf, std::min<size_t>(16, n - got.size())), each);
+    if (!r.ok()) break;
+    if (*r == 0 && each == 0ms) break;
+    got.insert(got.end(), buf, buf + *r);
+  }
+  return got;
+}
+
+std::vector<Completion> drain_until_closed(Connection& c, Status* closed = nullptr) {
+  std::vector<Completion> got;
+  Completion buf[16];
+  for (int i = 0; i < 1000; ++i) {
+    auto r = c.poll(buf, 10ms);
+    if (!r.ok()) {
+      if (closed) *closed = r.status();
+      return got;
+    }
+    got.insert(got.end(), buf, buf + *r);
+  }
+  ADD_FAILURE() << "connection did not close";
+  return got;
+}
+
+std::span<const std::byte> bytes_of(const std::string& s) {
+  return std::as_bytes(std::span(s.data(), s.size()));
+}
+
+std::vector<std::byte> copy_of(const std::vector<std::byte>& v, size_t off, size_t len) {
+  return std::vector<std::byte>(v.begin() + off, v.begin() + off + len);
+}
+
+// ---------------------------------------------------------------- contract
+
+TEST(FakeTransport, WriteThenReadBack) {
+  auto p = make_pair();
+  std::vector<std::byte> remote(1 << 20), src(8192), dst(8192);
+  std::mt19937 rng(1);
+  for (auto& b : src) b = std::byte(rng());
+  auto rmr = p.passive->register_memory(remote.data(), remote.size(), kRemoteWrite | kRemoteRead);
+  ASSERT_TRUE(rmr.ok());
+  auto smr = p.active->register_memory(src.data(), src.size(), kLocalOnly);
+  auto dmr = p.active->register_memory(dst.data(), dst.size(), kLocalOnly);
+  ASSERT_TRUE(smr.ok() && dmr.ok());
+  RemoteKey key = (*rmr)->remote_key();
+  EXPECT_EQ(key.address, reinterpret_cast<uint64_t>(remote.data()));
+  EXPECT_NE(key.rkey, 0u);
+  EXPECT_EQ(key.length, remote.size());
+
+  ASSERT_TRUE(p.active->post_write(**smr, 0, src.size(), key, 100, 1, true).ok());
+  ASSERT_TRUE(p.active->post_read(**dmr, 0, dst.size(), key, 100, 2).ok());
+  auto c = wait_for(*p.active, 2);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0].wr_id, 1u);
+  EXPECT_EQ(c[0].opcode, Opcode::kWrite);
+  EXPECT_TRUE(c[0].status.ok()) << c[0].status.to_string();
+  EXPECT_EQ(c[1].wr_id, 2u);
+  EXPECT_EQ(c[1].opcode, Opcode::kRead);
+  EXPECT_TRUE(c[1].status.ok()) << c[1].status.to_string();
+  EXPECT_EQ(0, std::memcmp(dst.data(), src.data(), src.size()));
+  EXPECT_EQ(0, std::memcmp(remote.data() + 100, src.data(), src.size()));
+  EXPECT_EQ(p.active->kind(), Kind::kTcp);
+  EXPECT_EQ(p.active->peer_address(), "fake:target");
+}
+
+TEST(FakeTransport, ReportedKindIsConfigurable) {
+  FabricOptions fo;
+  fo.reported_kind = Kind::kRdma;
+  auto p = make_pair({}, fo);
+  EXPECT_EQ(p.active->kind(), Kind::kRdma);
+  EXPECT_EQ(p.passive->kind(), Kind::kRdma);
+}
+
+TEST(FakeTransport, CompletionsInPostingOrder) {
+  auto p = make_pair();
+  p.fabric->set_manual(true);
+  std::vector<std::byte> remote(1 << 16), local(1 << 16);
+  auto rmr = p.passive->register_memory(remote.data(), remote.size(), kRemoteWrite | kRemoteRead);
+  auto lmr = p.active->register_memory(local.data(), local.size(), kLocalOnly);
+  RemoteKey key = (*rmr)->remote_key();
+  ASSERT_TRUE(p.active->post_read(**lmr, 0, 32768, key, 0, 10).ok());
+  ASSERT_TRUE(p.active->post_write(**lmr, 40000, 100, key, 0, 11, true).ok());
+  ASSERT_TRUE(p.active->post_write(**lmr, 40000, 100, key, 0, 12, false).ok());
+  ASSERT_TRUE(p.active->post_send(bytes_of("hi"), 13).ok());
+  ASSERT_TRUE(p.active->post_read(**lmr, 50000, 8, key, 0, 14).ok());
+  EXPECT_EQ(p.fabric->pending(), 5u);
+  EXPECT_EQ(p.fabric->run_until_idle(), 5u);
+  auto c = wait_for(*p.active, 4);
+  ASSERT_EQ(c.size(), 4u);
+  std::vector<uint64_t> ids;
+  for (auto& x : c) {
+    EXPECT_TRUE(x.status.ok()) << x.status.to_string();
+    ids.push_back(x.wr_id);
+  }
+  EXPECT_EQ(ids, (std::vector<uint64_t>{10, 11, 13, 14}));
+  auto r = wait_for(*p.passive, 1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].opcode, Opcode::kRecv);
+  EXPECT_EQ(r[0].byte_len, 2u);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(
+                            p.passive->recv_data(static_cast<uint32_t>(r[0].wr_id), 2).data()),
+                        2),
+            "hi");
+}
+
+TEST(FakeTransport, ReadIsNotOvertakenByALaterOverlappingWrite) {
+  auto p = make_pair();
+  p.fabric->set_manual(true);
+  constexpr size_t kLen = 1 << 16;
+  std::vector<std::byte> remote(kLen, std::byte{0xA1}), src(kLen, std::byte{0xB2}), dst(kLen);
+  auto rmr = p.passive->register_memory(remote.data(), remote.size(), kRemoteWrite | kRemoteRead);
+  auto smr = p.active->register_memory(src.data(), src.size(), kLocalOnly);
+  auto dmr = p.active->register_memory(dst.data(), dst.size(), kLocalOnly);
+  RemoteKey key = (*rmr)->remote_key();
+  ASSERT_TRUE(p.active->post_read(**dmr, 0, kLen, key, 0, 1).ok());
+  ASSERT_TRUE(p.active->post_write(**smr, 0, kLen, key, 0, 2, true).ok());
+  ASSERT_TRUE(p.fabric->step());
+  EXPECT_EQ(dst[0], std::byte{0xA1});
+  EXPECT_EQ(remote[0], std::byte{0xA1});  // the write has not executed yet
+  ASSERT_TRUE(p.fabric->step());
+  EXPECT_FALSE(p.fabric->step());
+  EXPECT_EQ(remote[kLen - 1], std::byte{0xB2});
+  EXPECT_EQ(dst[kLen - 1], std::byte{0xA1});
+}
+
+TEST(FakeTransport, ManyRandomWritesThenReadEachBack) {
+  ConnectionOptions opt;
+  opt.max_outstanding = 32;
+  auto p = make_pair(opt);
+  constexpr size_t kRemote = 1 << 20, kMaxLen = 1 << 16;
+  std::vector<std::byte> remote(kRemote), model(kRemote), src(4 * kMaxLen), dst(kMaxLen);
+  std::mt19937_64 rng(42);
+  for (auto& b : src) b = std::byte(rng());
+  auto rmr = p.passive->register_memory(remote.data(), remote.size(), kRemoteWrite | kRemoteRead);
+  auto smr = p.active->register_memory(src.data(), src.size(), kLocalOnly);
+  auto dmr = p.active->register_memory(dst.data(), dst.size(), kLocalOnly);
+  RemoteKey key = (*rmr)->remote_key();
+  struct Op {
+    size_t off, len;
+  };
+  std::vector<Op> ops;
+  for (int i = 0; i < 300; ++i) {
+    size_t len = 1 + rng() % (i % 3 == 0 ? kMaxLen : 4096);
+    size_t off = rng() % (kRemote - len + 1);
+    size_t soff = rng() % (src.size() - len + 1);
+    bool signaled = i % 4 == 0;
+    Status s = p.active->post_write(**smr, soff, len, key, off, i, signaled);
+    while (s.code() == Errc::kResourceExhausted) {
+      auto c = wait_for(*p.active, 1);
+      ASSERT_EQ(c.size(), 1u);
+      ASSERT_TRUE(c[0].status.ok());
+      s = p.active->post_write(**smr, soff, len, key, off, i, signaled);
+    }
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    std::memcpy(model.data() + off, src.data() + soff, len);
+    ops.push_back({off, len});
+  }
+  // Unflushed writes: the medium tracks them (trimmed where they overlap).
+  EXPECT_GT(p.fabric->undurable_writes(), 0u);
+  for (auto c = wait_for(*p.active, 1000, 0ms); !c.empty(); c = wait_for(*p.active, 1000, 0ms)) {
+  }
+  for (size_t i = 0; i < ops.size(); ++i) {
+    ASSERT_TRUE(p.active->post_read(**dmr, 0, ops[i].len, key, ops[i].off, 1000 + i).ok());
+    auto c = wait_for(*p.active, 1);
+    ASSERT_EQ(c.size(), 1u);
+    ASSERT_EQ(c[0].wr_id, 1000 + i);
+    ASSERT_EQ(0, std::memcmp(dst.data(), model.data() + ops[i].off, ops[i].len)) << "op " << i;
+  }
+  EXPECT_EQ(0, std::memcmp(remote.data(), model.data(), kRemote));
+  EXPECT_EQ(p.fabric->undurable_writes(), 0u);
+  auto durable = p.fabric->durable_bytes(**rmr);
+  ASSERT_TRUE(durable.ok());
+  EXPECT_TRUE(*durable == model);
+}
+
+TEST(FakeTransport, ReadPersistsExactlyTheWrittenRangesFirst) {
+  auto p = make_pair();
+  std::vector<std::byte> remote(1 << 20), other(1 << 16), local(1 << 16);
+  std::vector<std::pair<uintptr_t, size_t>> calls;
+  auto record = [&](const void* a, size_t n) {
+    calls.emplace_back(reinterpret_cast<uintptr_t>(a), n);
+  };
+  auto rmr =
+      p.passive->register_memory(remote.data(), remote.size(), kRemoteWrite | kRemoteRead, record);
+  auto omr = p.passive->register_memory(other.data(), other.size(), kRemoteWrite, record);
+  auto lmr = p.active->register_memory(local.data(), local.size(), kLocalOnly);
+  RemoteKey key = (*rmr)->remote_key(), okey = (*omr)->remote_key();
+  auto base = reinterpret_cast<uintptr_t>(remote.data());
+  auto obase = reinterpret_cast<uintptr_t>(other.data());
+  ASSERT_TRUE(p.active->post_write(**lmr, 0, 100, key, 1000, 1, false).ok());
+  ASSERT_TRUE(p.active->post_write(**lmr, 0, 50, key, 1100, 2, false).ok());
+  ASSERT_TRUE(p.active->post_write(**lmr, 0, 300, key, 5000, 3, false).ok());
+  ASSERT_TRUE(p.active->post_write(**lmr, 0, 300, key, 4900, 4, false).ok());
+  ASSERT_TRUE(p.active->post_write(**lmr, 0, 7, key, 90000, 5, false).ok());
+  ASSERT_TRUE(p.active->post_write(**lmr, 0, 64, okey, 128, 6, false).ok());
+  EXPECT_TRUE(calls.empty());
+  ASSERT_TRUE(p.active->post_read(**lmr, 32768, 16, key, 0, 7).ok());
+  ASSERT_EQ(wait_for(*p.active, 1).size(), 1u);
+  std::set<std::pair<uintptr_t, size_t>> got(calls.begin(), calls.end());
+  std::set<std::pair<uintptr_t, size_t>> want = {
+      {base + 1000, 150}, {base + 4900, 400}, {base + 90000, 7}, {obase + 128, 64}};
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(calls.size(), want.size());
+  calls.clear();
+  ASSERT_TRUE(p.active->post_read(**lmr, 32768, 16, key, 0, 8).ok());
+  ASSERT_EQ(wait_for(*p.active, 1).size(), 1u);
+  EXPECT_TRUE(calls.empty());
+  ASSERT_TRUE(p.active->post_write(**lmr, 0, 10, key, 20, 9, false).ok());
+  ASSERT_TRUE(p.active->post_read(**lmr, 32768, 16, key, 0, 10).ok());
+  ASSERT_EQ(wait_for(*p.active, 1).size(), 1u);
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0], std::make_pair(base + 20, size_t{10}));
+}
+
+TEST(FakeTransport, SendRecvWithSlotReuseAndBackPressure) {
+  ConnectionOptions opt;
+  opt.recv_slots = 4;
+  opt.message_size = 64;
+  opt.max_outstanding = 16;
+  auto p = make_pair(opt);
+  constexpr int kMessages = 500;
+  std::thread sender([&] {
+    for (int i = 0; i < kMessages; ++i) {
+      std::string m = "message " + std::to_string(i);
+      Status s = p.active->post_send(bytes_of(m), i);
+      while (s.code() == Errc::kResourceExhausted) {
+        auto c = wait_for(*p.active, 1);
+        ASSERT_EQ(c.size(), 1u);
+        ASSERT_TRUE(c[0].status.ok());
+        s = p.active->post_send(bytes_of(m), i);
+      }
+      ASSERT_TRUE(s.ok()) << s.to_string();
+    }
+  });
+  std::set<uint64_t> slots_seen;
+  for (int i = 0; i < kMessages; ++i) {
+    auto c = wait_for(*p.passive, 1);
+    ASSERT_EQ(c.size(), 1u) << "message " << i;
+    ASSERT_TRUE(c[0].status.ok()) << c[0].status.to_string();
+    ASSERT_EQ(c[0].opcode, Opcode::kRecv);
+    slots_seen.insert(c[0].wr_id);
+    auto data = p.passive->recv_data(static_cast<uint32_t>(c[0].wr_id), c[0].byte_len);
+    std::string got(reinterpret_cast<const char*>(data.data()), data.size());
+    ASSERT_EQ(got, "message " + std::to_string(i));
+    if (i % 50 == 0) std::this_thread::sleep_for(2ms);
+    ASSERT_TRUE(p.passive->repost_recv(static_cast<uint32_t>(c[0].wr_id)).ok());
+  }
+  sender.join();
+  EXPECT_EQ(slots_seen, (std::set<uint64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(p.passive->repost_recv(0).code(), Errc::kInvalidArgument);  // already posted
+  EXPECT_EQ(p.passive->repost_recv(9).code(), Errc::kInvalidArgument);
+  std::string big(65, 'x');
+  EXPECT_EQ(p.active->post_send(bytes_of(big), 1).code(), Errc::kInvalidArgument);
+}
+
+TEST(FakeTransport, SendWithoutSlotWaitsAndHoldsUpLaterOps) {
+  ConnectionOptions opt;
+  opt.recv_slots = 1;
+  auto p = make_pair(opt);
+  std::vector<std::byte> remote(4096), local(4096, std::byte{7});
+  auto rmr = p.passive->register_memory(remote.data(), remote.size(), kRemoteWrite);
+  auto lmr = p.active->register_memory(local.data(), local.size(), kLocalOnly);
+  ASSERT_TRUE(p.active->post_send(bytes_of("one"), 1).ok());
+  ASSERT_TRUE(p.active->post_send(bytes_of("two"), 2).ok());  // RNR: no slot
+  ASSERT_TRUE(p.active->post_write(**lmr, 0, 16, (*rmr)->remote_key(), 0, 3, true).ok());
+  EXPECT_EQ(p.fabric->pending(), 2u);
+  EXPECT_EQ(remote[0], std::byte{0});  // held up behind the send
+  auto c = wait_for(*p.active, 3, 0ms);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].wr_id, 1u);
+  auto r = wait_for(*p.passive, 1);
+  ASSERT_EQ(r.size(), 1u);
+  ASSERT_TRUE(p.passive->repost_recv(0).ok());  // runs the send and the write
+  EXPECT_EQ(p.fabric->pending(), 0u);
+  EXPECT_EQ(remote[0], std::byte{7});
+  c = wait_for(*p.active, 2);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0].wr_id, 2u);
+  EXPECT_EQ(c[1].wr_id, 3u);
+}
+
+TEST(FakeTransport, SymmetricPassiveSideWritesIntoActive) {
+  auto p = make_pair();
+  std::vector<std::byte> mem(4096), src(4096, std::byte{0x5a});
+  auto amr = p.active->register_memory(mem.data(), mem.size(), kRemoteWrite);
+  auto smr = p.passive->register_memory(src.data(), src.size(), kLocalOnly);
+  ASSERT_TRUE(p.passive->post_write(**smr, 0, 4096, (*amr)->remote_key(), 0, 5, true).ok());
+  auto c = wait_for(*p.passive, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_TRUE(c[0].status.ok());
+  EXPECT_EQ(0, std::memcmp(mem.data(), src.data(), 4096));
+}
+
+enum class Violation { kOutOfBounds, kBeforeStart, kWrongRkey, kNoWriteAccess, kNoReadAccess };
+
+class FakeRemoteAccessTest : public ::testing::TestWithParam<Violation> {};
+
+TEST_P(FakeRemoteAccessTest, ErrorCompletionAndNothingOutsideTouched) {
+  auto p = make_pair();
+  constexpr size_t kGuard = 4096, kLen = 8192;
+  std::vector<std::byte> mem(kGuard + kLen + kGuard, std::byte{0xAA});
+  std::vector<std::byte> src(3 * kLen, std::byte{0x11});
+  Violation v = GetParam();
+  uint32_t access = kRemoteWrite | kRemoteRead;
+  if (v == Violation::kNoWriteAccess) access = kRemoteRead;
+  if (v == Violation::kNoReadAccess) access = kRemoteWrite;
+  auto rmr = p.passive->register_memory(mem.data() + kGuard, kLen, access);
+  std::vector<std::byte> fine(4096);
+  auto fmr = p.passive->register_memory(fine.data(), fine.size(), kRemoteWrite | kRemoteRead);
+  auto smr = p.active->register_memory(src.data(), src.size(), kLocalOnly);
+  RemoteKey key = (*rmr)->remote_key(), fine_key = (*fmr)->remote_key();
+  p.fabric->set_manual(true);  // so the third op is surely flushed, not refused
+  ASSERT_TRUE(p.active->post_write(**smr, 0, 16, fine_key, 0, 1, true).ok());
+  Opcode bad_op = Opcode::kWrite;
+  RemoteKey bad = key;
+  uint64_t off = 0;
+  switch (v) {
+    case Violation::kOutOfBounds:
+      bad.length = kLen * 2;
+      off = kLen - 100;
+      break;
+    case Violation::kBeforeStart:
+      bad.address -= 64;
+      break;
+    case Violation::kWrongRkey:
+      bad.rkey ^= 0x5a5a5a5a;
+      break;
+    case Violation::kNoWriteAccess:
+      break;
+    case Violation::kNoReadAccess:
+      bad_op = Opcode::kRead;
+      break;
+  }
+  if (bad_op == Opcode::kWrite) {
+    ASSERT_TRUE(p.active->post_write(**smr, 0, 512, bad, off, 2, false).ok());
+  } else {
+    ASSERT_TRUE(p.active->post_read(**smr, 0, 512, bad, off, 2).ok());
+  }
+  ASSERT_TRUE(p.active->post_read(**smr, kLen, 64, fine_key, 0, 3).ok());
+  p.fabric->set_manual(false);
+  Status closed;
+  auto c = drain_until_closed(*p.active, &closed);
+  EXPECT_EQ(closed.code(), Errc::kClosed);
+  ASSERT_EQ(c.size(), 3u + ConnectionOptions{}.recv_slots);
+  EXPECT_EQ(c[0].wr_id, 1u);
+  EXPECT_TRUE(c[0].status.ok()) << c[0].status.to_string();
+  EXPECT_EQ(c[1].wr_id, 2u);
+  EXPECT_EQ(c[1].opcode, bad_op);
+  EXPECT_EQ(c[1].status.code(), Errc::kPermissionDenied) << c[1].status.to_string();
+  EXPECT_NE(c[1].status.message().find("remote access error"), std::string::npos);
+  const char* expect_word = v == Violation::kWrongRkey       ? "not registered"
+                            : v == Violation::kNoWriteAccess ? "kRemoteWrite"
+                            : v == Violation::kNoReadAccess  ? "kRemoteRead"
+                                                             : "outside";
+  EXPECT_NE(c[1].status.message().find(expect_word), std::string::npos) << c[1].status.message();
+  EXPECT_EQ(c[2].wr_id, 3u);
+  EXPECT_EQ(c[2].status.code(), Errc::kConnectionError);
+  EXPECT_NE(c[2].status.message().find("flushed"), std::string::npos);
+  for (size_t i = 3; i < c.size(); ++i) EXPECT_EQ(c[i].opcode, Opcode::kRecv);
+  EXPECT_EQ(p.active->post_write(**smr, 0, 1, key, 0, 4, true).code(), Errc::kClosed);
+  Status pclosed;
+  auto pc = drain_until_closed(*p.passive, &pclosed);
+  EXPECT_EQ(pc.size(), ConnectionOptions{}.recv_slots);
+  for (auto& x : pc) EXPECT_FALSE(x.status.ok());
+  EXPECT_EQ(pclosed.code(), Errc::kClosed);
+  for (size_t i = 0; i < mem.size(); ++i) ASSERT_EQ(mem[i], std::byte{0xAA}) << i;
+  for (size_t i = 0; i < 16; ++i) ASSERT_EQ(fine[i], std::byte{0x11});
+}
+
+INSTANTIATE_TEST_SUITE_P(Violations, FakeRemoteAccessTest,
+                         ::testing::Values(Violation::kOutOfBounds, Violation::kBeforeStart,
+                                           Violation::kWrongRkey, Violation::kNoWriteAccess,
+                                           Violation::kNoReadAccess));
+
+TEST(FakeTransport, DeregisteredMemoryIsNoLongerReachable) {
+  auto p = make_pair();
+  std::vector<std::byte> mem(4096, std::byte{0}), src(4096, std::byte{1});
+  auto rmr = p.passive->register_memory(mem.data(), mem.size(), kRemoteWrite);
+  auto smr = p.active->register_memory(src.data(), src.size(), kLocalOnly);
+  RemoteKey key = (*rmr)->remote_key();
+  rmr->reset();
+  ASSERT_TRUE(p.active->post_write(**smr, 0, 100, key, 0, 1, true).ok());
+  auto c = drain_until_closed(*p.active);
+  ASSERT_FALSE(c.empty());
+  EXPECT_EQ(c[0].wr_id, 1u);
+  EXPECT_EQ(c[0].status.code(), Errc::kPermissionDenied);
+  for (auto b : mem) ASSERT_EQ(b, std::byte{0});
+}
+
+TEST(FakeTransport, RkeyOfAnotherConnectionIsRefused) {
+  auto p = make_pair();
+  auto c2 = p.fabric->connect("target", {});
+  ASSERT_TRUE(c2.ok());
+  auto s2 = p.listener->accept(0ms);
+  ASSERT_TRUE(s2.ok() && *s2);
+  std::vector<std::byte> mem(4096, std::byte{0}), src(4096, std::byte{9});
+  auto mr1 = p.passive->register_memory(mem.data(), mem.size(), kRemoteWrite | kRemoteRead);
+  auto smr2 = (*c2)->register_memory(src.data(), src.size(), kLocalOnly);
+  ASSERT_TRUE((*c2)->post_write(**smr2, 0, 16, (*mr1)->remote_key(), 0, 2, false).ok());
+  auto c = drain_until_closed(**c2);
+  ASSERT_FALSE(c.empty());
+  EXPECT_EQ(c[0].status.code(), Errc::kPermissionDenied);
+  for (auto b : mem) ASSERT_EQ(b, std::byte{0});
+  auto smr1 = p.active->register_memory(src.data(), src.size(), kLocalOnly);
+  ASSERT_TRUE(p.active->post_write(**smr1, 0, 16, (*mr1)->remote_key(), 0, 3, true).ok());
+  auto ok = wait_for(*p.active, 1);
+  ASSERT_EQ(ok.size(), 1u);
+  EXPECT_TRUE(ok[0].status.ok());
+}
+
+TEST(FakeTransport, PeerShutdownFailsOutstandingOpsAndPostsReturnClosed) {
+  ConnectionOptions opt;
+  opt.recv_slots = 1;
+  auto p = make_pair(opt);
+  std::vector<std::byte> local(4096), remote(4096);
+  auto lmr = p.active->register_memory(local.data(), local.size(), kLocalOnly);
+  auto rmr = p.passive->register_memory(remote.data(), remote.size(), kRemoteRead);
+  RemoteKey key = (*rmr)->remote_key();
+  ASSERT_TRUE(p.active->post_send(bytes_of("one"), 1).ok());
+  ASSERT_TRUE(p.active->post_send(bytes_of("two"), 2).ok());
+  for (uint64_t i = 0; i < 5; ++i)
+    ASSERT_TRUE(p.active->post_read(**lmr, 0, 64, key, 0, 10 + i).ok());
+  auto first = wait_for(*p.active, 1);
+  ASSERT_EQ(first.size(), 1u);
+  Completion none[1];
+  auto r = p.active->poll(none, 10ms);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, 0u);
+
+  p.passive->shutdown();
+  p.passive->shutdown();  // idempotent
+  Status closed;
+  auto c = drain_until_closed(*p.active, &closed);
+  std::vector<uint64_t> failed;
+  for (auto& x : c) {
+    EXPECT_FALSE(x.status.ok());
+    if (x.opcode != Opcode::kRecv) failed.push_back(x.wr_id);
+    if (x.opcode == Opcode::kRead) {
+      EXPECT_EQ(x.status.code(), Errc::kConnectionError);
+      EXPECT_NE(x.status.message().find(p.active->peer_address()), std::string::npos);
+      EXPECT_NE(x.status.message().find("closed the connection"), std::string::npos);
+    }
+  }
+  EXPECT_EQ(failed, (std::vector<uint64_t>{2, 10, 11, 12, 13, 14}));
+  EXPECT_EQ(closed.code(), Errc::kClosed);
+  EXPECT_EQ(p.active->post_read(**lmr, 0, 64, key, 0, 99).code(), Errc::kClosed);
+  EXPECT_EQ(p.active->post_send(bytes_of("x"), 100).code(), Errc::kClosed);
+  EXPECT_EQ(p.active->poll(none, 10ms).status().code(), Errc::kClosed);
+  Status pclosed;
+  auto pc = drain_until_closed(*p.passive, &pclosed);
+  ASSERT_EQ(pc.size(), 1u);  // the delivered message
+  EXPECT_TRUE(pc[0].status.ok());
+  EXPECT_EQ(pclosed.code(), Errc::kClosed);
+}
+
+TEST(FakeTransport, ShutdownWithNothingPendingAndDestroyOrder) {
+  auto p = make_pair();
+  std::vector<std::byte> mem(4096);
+  auto mr = p.active->register_memory(mem.data(), mem.size(), kRemoteWrite);
+  p.active->shutdown();
+  Status closed;
+  auto c = drain_until_closed(*p.active, &closed);
+  EXPECT_EQ(c.size(), ConnectionOptions{}.recv_slots);
+  for (auto& x : c) EXPECT_EQ(x.status.code(), Errc::kClosed);
+  EXPECT_EQ(closed.code(), Errc::kClosed);
+  auto pc = drain_until_closed(*p.passive, &closed);
+  ASSERT_FALSE(pc.empty());
+  EXPECT_EQ(pc[0].status.code(), Errc::kConnectionError);
+  EXPECT_NE(pc[0].status.message().find("closed the connection"), std::string::npos);
+  p.active.reset();
+  mr->reset();
+  p.fabric.reset();  // objects keep the hub alive
+  p.passive.reset();
+  p.listener.reset();
+}
+
+TEST(FakeTransport, ResourceExhaustedBeyondMaxOutstanding) {
+  ConnectionOptions opt;
+  opt.max_outstanding = 8;
+  auto p = make_pair(opt);
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(p.active->post_send(bytes_of("m"), i).ok());
+  Status s = p.active->post_send(bytes_of("m"), 8);
+  EXPECT_EQ(s.code(), Errc::kResourceExhausted);
+  EXPECT_NE(s.message().find("max_outstanding 8"), std::string::npos) << s.message();
+  ASSERT_EQ(wait_for(*p.active, 2).size(), 2u);
+  EXPECT_TRUE(p.active->post_send(bytes_of("m"), 9).ok());
+  EXPECT_TRUE(p.active->post_send(bytes_of("m"), 10).ok());
+  EXPECT_EQ(p.active->post_send(bytes_of("m"), 11).code(), Errc::kResourceExhausted);
+}
+
+TEST(FakeTransport, LocalArgumentChecks) {
+  auto p = make_pair();
+  auto q = make_pair();
+  std::vector<std::byte> mem(4096);
+  auto mr = p.active->register_memory(mem.data(), mem.size(), kLocalOnly);
+  auto foreign = q.active->register_memory(mem.data(), mem.size(), kLocalOnly);
+  auto other_end = p.passive->register_memory(mem.data(), mem.size(), kLocalOnly);
+  RemoteKey key{};
+  EXPECT_EQ(p.active->post_write(**mr, 4000, 200, key, 0, 1, true).code(), Errc::kInvalidArgument);
+  EXPECT_EQ(p.active->post_write(**foreign, 0, 1, key, 0, 1, true).code(), Errc::kInvalidArgument);
+  EXPECT_EQ(p.active->post_write(**other_end, 0, 1, key, 0, 1, true).code(),
+            Errc::kInvalidArgument);
+  EXPECT_EQ(p.active->register_memory(nullptr, 10, kRemoteRead).status().code(),
+            Errc::kInvalidArgument);
+  EXPECT_EQ(p.active->register_memory(mem.data(), 10, 0x80).status().code(),
+            Errc::kInvalidArgument);
+}
+
+TEST(FakeListener, ConnectAcceptShutdownAndErrors) {
+  auto fabric = FakeFabric::create();
+  auto nobody = fabric->connect("nowhere", {});
+  ASSERT_FALSE(nobody.ok());
+  EXPECT_EQ(nobody.status().code(), Errc::kConnectionError);
+  auto l = fabric->listen("t");
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(fabric->listen("t").status().code(), Errc::kAlreadyExists);
+  ConnectionOptions big;
+  big.message_size = 8192;
+  EXPECT_EQ(fabric->connect("t", big).status().code(), Errc::kConfigError);
+  auto none = (*l)->accept(20ms);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, nullptr);
+  // A connection left in the backlog is closed when the listener goes.
+  auto orphan = fabric->connect("t", {});
+  ASSERT_TRUE(orphan.ok());
+  std::thread waker([&] {
+    std::this_thread::sleep_for(20ms);
+    (*l)->shutdown();
+  });
+  std::this_thread::sleep_for(50ms);
+  waker.join();
+  EXPECT_EQ((*l)->accept(1s).status().code(), Errc::kClosed);
+  Status closed;
+  drain_until_closed(**orphan, &closed);
+  EXPECT_EQ(closed.code(), Errc::kClosed);
+  l->reset();
+  EXPECT_TRUE(fabric->listen("t").ok());  // the name is free again
+}
+
+// ------------------------------------------------------ execution & faults
+
+TEST(FakeFabricControl, ManualStepsInPostingOrderAcrossConnections) {
+  auto p = make_pair();
+  auto c2 = p.fabric->connect("target", {});
+  auto s2 = p.listener->accept(0ms);
+  ASSERT_TRUE(c2.ok() && s2.ok() && *s2);
+  p.fabric->set_manual(true);
+  EXPECT_TRUE(p.fabric->manual());
+  ASSERT_TRUE(p.active->post_send(bytes_of("a1"), 1).ok());
+  ASSERT_TRUE((*c2)->post_send(bytes_of("b1"), 2).ok());
+  ASSERT_TRUE(p.active->post_send(bytes_of("a2"), 3).ok());
+  EXPECT_EQ(p.fabric->pending(), 3u);
+  EXPECT_TRUE(wait_for(*p.passive, 1, 0ms).empty());
+  // step(connection) picks that connection's head.
+  ASSERT_TRUE(p.fabric->step(**c2));
+  EXPECT_FALSE(p.fabric->step(**c2));
+  EXPECT_EQ(wait_for(**s2, 1, 0ms).size(), 1u);
+  ASSERT_TRUE(p.fabric->step());
+  auto r = wait_for(*p.passive, 2, 0ms);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].byte_len, 2u);
+  EXPECT_EQ(p.fabric->pending(), 1u);
+  p.fabric->set_manual(false);  // runs the rest
+  EXPECT_EQ(p.fabric->pending(), 0u);
+  EXPECT_EQ(wait_for(*p.passive, 1, 0ms).size(), 1u);
+}
+
+TEST(FakeFabricControl, FailAfterAndDropNextBreakAtThatOperation) {
+  auto p = make_pair();
+  std::vector<std::byte> remote(4096), src(4096, std::byte{3});
+  auto rmr = p.passive->register_memory(remote.data(), remote.size(), kRemoteWrite | kRemoteRead);
+  auto smr = p.active->register_memory(src.data(), src.size(), kLocalOnly);
+  RemoteKey key = (*rmr)->remote_key();
+  p.fabric->fail_after(*p.active, 2);
+  p.fabric->set_manual(true);
+  for (uint64_t i = 0; i < 4; ++i)
+    ASSERT_TRUE(p.active->post_write(**smr, 0, 8, key, i * 8, i, true).ok());
+  p.fabric->run_until_idle();
+  auto c = drain_until_closed(*p.active);
+  ASSERT_GE(c.size(), 4u);
+  EXPECT_TRUE(c[0].status.ok());
+  EXPECT_TRUE(c[1].status.ok());
+  EXPECT_EQ(c[2].wr_id, 2u);
+  EXPECT_EQ(c[2].status.code(), Errc::kConnectionError);
+  EXPECT_NE(c[2].status.message().find("retry counter exceeded"), std::string::npos);
+  EXPECT_NE(c[3].status.message().find("flushed"), std::string::npos);
+  EXPECT_EQ(remote[15], std::byte{3});
+  EXPECT_EQ(remote[16], std::byte{0});  // the dropped write never landed
+  EXPECT_EQ(remote[24], std::byte{0});
+
+  auto q = make_pair();
+  q.fabric->drop_next(*q.active);
+  ASSERT_TRUE(q.active->post_send(bytes_of("lost"), 7).ok());
+  auto qc = drain_until_closed(*q.active);
+  ASSERT_FALSE(qc.empty());
+  EXPECT_EQ(qc[0].wr_id, 7u);
+  EXPECT_FALSE(qc[0].status.ok());
+  auto qp = drain_until_closed(*q.passive);
+  for (auto& x : qp) EXPECT_FALSE(x.status.ok());  // nothing delivered
+}
+
+TEST(FakeFabricControl, BreakConnectionFlushesBothEnds) {
+  auto p = make_pair();
+  p.fabric->set_manual(true);
+  ASSERT_TRUE(p.active->post_send(bytes_of("x"), 1).ok());
+  p.fabric->break_connection(*p.active);
+  Status closed;
+  auto c = drain_until_closed(*p.active, &closed);
+  ASSERT_FALSE(c.empty());
+  EXPECT_EQ(c[0].wr_id, 1u);
+  EXPECT_EQ(c[0].status.code(), Errc::kConnectionError);
+  EXPECT_NE(c[0].status.message().find("link failure"), std::string::npos);
+  EXPECT_EQ(closed.code(), Errc::kClosed);
+  auto pc = drain_until_closed(*p.passive, &closed);
+  EXPECT_EQ(pc.size(), ConnectionOptions{}.recv_slots);
+  EXPECT_EQ(p.fabric->pending(), 0u);
+}
+
+// ---------------------------------------------------------------- crashes
+
+struct Mirror {
+  Pair p;
+  std::vector<std::byte> remote, local;
+  std::unique_ptr<MemoryRegion> rmr, lmr, flush;
+  std::vector<std::byte> flush_buf = std::vector<std::byte>(64);
+  RemoteKey key;
+
+  explicit Mirror(size_t size, PersistFn persist = {}, const FabricOptions& fo = {})
+      : p(make_pair({}, fo)), remote(size, std::byte{0}), local(size) {
+    rmr = p.passive
+              ->register_memory(remote.data(), remote.size(), kRemoteWrite | kRemoteRead,
+                                std::move(persist))
+              .value();
+    lmr = p.active->register_memory(local.data(), local.size(), kLocalOnly).value();
+    flush = p.active->register_memory(flush_buf.data(), flush_buf.size(), kLocalOnly).value();
+    key = rmr->remote_key();
+  }
+  void write(size_t off, size_t len, std::byte value, uint64_t id = 0) {
+    std::fill_n(local.begin() + off, len, value);
+    ASSERT_TRUE(p.active->post_write(*lmr, off, len, key, off, id, false).ok());
+  }
+  void read(uint64_t id = 0) { ASSERT_TRUE(p.active->post_read(*flush, 0, 8, key, 0, id).ok()); }
+  std::vector<std::byte> durable() { return *p.fabric->durable_bytes(*rmr); }
+};
+
+TEST(FakeCrash, WritesBeforeAReadSurviveLaterOnesAreDropped) {
+  Mirror m(4096);
+  m.write(0, 100, std::byte{1});
+  m.write(200, 100, std::byte{2});
+  m.read();
+  m.write(50, 100, std::byte{3});  // overlaps the first, after the read
+  m.write(1000, 8, std::byte{4});
+  EXPECT_EQ(m.remote[60], std::byte{3});  // visible at once
+  EXPECT_EQ(m.p.fabric->undurable_writes(), 2u);
+  m.p.fabric->crash("target");
+  EXPECT_EQ(m.remote[0], std::byte{1});
+  EXPECT_EQ(m.remote[60], std::byte{1});
+  EXPECT_EQ(m.remote[120], std::byte{0});
+  EXPECT_EQ(m.remote[250], std::byte{2});
+  EXPECT_EQ(m.remote[1000], std::byte{0});
+  EXPECT_TRUE(m.durable() == m.remote);
+  EXPECT_EQ(m.p.fabric->undurable_writes(), 0u);
+  // The crash broke the connection: both ends see it.
+  Status closed;
+  drain_until_closed(*m.p.active, &closed);
+  EXPECT_EQ(closed.code(), Errc::kClosed);
+  auto pc = drain_until_closed(*m.p.passive);
+  ASSERT_FALSE(pc.empty());
+  EXPECT_NE(pc[0].status.message().find("crashed"), std::string::npos);
+}
+
+TEST(FakeCrash, ARegistrationCrashRollsBackOnlyItsMedium) {
+  Mirror m(4096);
+  std::vector<std::byte> other(4096);
+  auto omr = m.p.passive->register_memory(other.data(), other.size(), kRemoteWrite);
+  m.write(0, 8, std::byte{1});
+  ASSERT_TRUE(m.p.active->post_write(*m.lmr, 0, 8, (*omr)->remote_key(), 0, 0, false).ok());
+  m.p.fabric->crash(*m.rmr);
+  EXPECT_EQ(m.remote[0], std::byte{0});
+  EXPECT_EQ(other[0], std::byte{1});  // another medium: untouched by this crash
+  EXPECT_EQ(m.p.active->post_send(bytes_of("x"), 1).code(), Errc::kClosed);
+}
+
+TEST(FakeCrash, OwnerPersistCoversWritesWithoutARead) {
+  std::vector<std::pair<const void*, size_t>> calls;
+  FabricOptions fo;
+  fo.read_flushes = false;  // GPSPM only: a Read flushes nothing
+  Mirror m(
+      4096, [&](const void* a, size_t n) { calls.emplace_back(a, n); }, fo);
+  m.write(0, 64, std::byte{1});
+  m.write(128, 64, std::byte{2});
+  m.write(512, 64, std::byte{3});
+  m.read();
+  EXPECT_TRUE(calls.empty());
+  EXPECT_EQ(m.p.fabric->undurable_writes(), 3u);
+  m.p.fabric->persist(m.remote.data(), 64);  // as the target's PersistRequest handler
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0], std::make_pair(static_cast<const void*>(m.remote.data()), size_t{64}));
+  bool real_called = false;
+  PersistFn wrapped =
+      m.p.fabric->tracking_persist_fn([&](const void*, size_t) { real_called = true; });
+  wrapped(m.remote.data() + 128, 64);
+  EXPECT_TRUE(real_called);
+  EXPECT_EQ(calls.size(), 1u);  // the wrapper calls only its own real function
+  m.p.fabric->crash("target");
+  EXPECT_EQ(m.remote[0], std::byte{1});
+  EXPECT_EQ(m.remote[130], std::byte{2});
+  EXPECT_EQ(m.remote[512], std::byte{0});
+  // Owner stores are tracked the same way: persisted or lost.
+  m.remote[3000] = std::byte{9};
+  m.remote[3001] = std::byte{9};
+  m.p.fabric->persist(m.remote.data() + 3000, 1);
+  m.p.fabric->crash("target");
+  EXPECT_EQ(m.remote[3000], std::byte{9});
+  EXPECT_EQ(m.remote[3001], std::byte{0});
+}
+
+TEST(FakeCrash, InitiatorCrashKeepsPlacedWritesUntilTheTargetCrashes) {
+  Mirror m(4096);
+  m.write(0, 8, std::byte{1});
+  m.read();
+  m.write(8, 8, std::byte{2});
+  m.p.fabric->crash("initiator");
+  EXPECT_EQ(m.remote[8], std::byte{2});  // placed, still visible on the target
+  EXPECT_EQ(m.p.active->post_send(bytes_of("x"), 1).code(), Errc::kClosed);
+  m.p.fabric->crash("target");
+  EXPECT_EQ(m.remote[0], std::byte{1});
+  EXPECT_EQ(m.remote[8], std::byte{0});
+}
+
+TEST(FakeCrash, TrackedMemoryOutlivesSessions) {
+  auto fabric = FakeFabric::create();
+  auto l = fabric->listen("target");
+  ASSERT_TRUE(l.ok());
+  std::vector<std::byte> pmem(8192, std::byte{0}), src(8192, std::byte{5}), fl(8);
+  ASSERT_TRUE(fabric->track("target", pmem.data(), pmem.size()).ok());
+  for (int session = 0; session < 2; ++session) {
+    auto c = fabric->connect("target", {});
+    auto s = (*l)->accept(0ms);
+    ASSERT_TRUE(c.ok() && s.ok() && *s);
+    auto rmr =
+        (*s)->register_memory(pmem.data() + 4096 * session, 4096, kRemoteWrite | kRemoteRead);
+    auto smr = (*c)->register_memory(src.data(), src.size(), kLocalOnly);
+    auto fmr = (*c)->register_memory(fl.data(), fl.size(), kLocalOnly);
+    RemoteKey key = (*rmr)->remote_key();
+    ASSERT_TRUE((*c)->post_write(**smr, 0, 100, key, 0, 1, false).ok());
+    if (session == 0) {
+      ASSERT_TRUE((*c)->post_read(**fmr, 0, 8, key, 0, 2).ok());
+    }
+    ASSERT_TRUE((*c)->post_write(**smr, 0, 8, key, 1000, 3, false).ok());
+  }  // sessions end; the medium stays
+  EXPECT_EQ(fabric->undurable_writes(), 3u);
+  fabric->crash("target");
+  EXPECT_EQ(pmem[0], std::byte{5});
+  EXPECT_EQ(pmem[1000], std::byte{0});
+  EXPECT_EQ(pmem[4096], std::byte{0});
+  auto d = fabric->durable_bytes(pmem.data(), pmem.size());
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(*d == pmem);
+  fabric->untrack(pmem.data());
+  EXPECT_EQ(fabric->durable_bytes(pmem.data(), 8).status().code(), Errc::kNotFound);
+}
+
+// Persist i: Write record i (64 bytes at 64 + 64 i), Write the header word
+// (u64 i + 1 at 0), Read 8 bytes -- three operations. The fabric runs k of
+// them, the initiator reaps what completed, then the target crashes.
+// Whatever k: every acknowledged persist is durable and nothing after the
+// first unacknowledged one survives (the prefix property); with torn writes
+// the one persist in flight may survive in part, word by word.
+constexpr size_t kPersists = 12;
+
+void run_prefix_case(size_t k, const CrashOptions& crash) {
+  SCOPED_TRACE("crash after " + std::to_string(k) + " operations");
+  Mirror m(64 + 64 * kPersists);
+  m.p.fabric->set_manual(true);
+  std::vector<std::byte> headers(8 * kPersists);
+  auto hmr = m.p.active->register_memory(headers.data(), headers.size(), kLocalOnly);
+  for (size_t i = 0; i < kPersists; ++i) {
+    std::fill_n(m.local.begin() + 64 + 64 * i, 64, std::byte(0x10 + i));
+    uint64_t h = i + 1;
+    std::memcpy(headers.data() + 8 * i, &h, 8);
+    ASSERT_TRUE(m.p.active->post_write(*m.lmr, 64 + 64 * i, 64, m.key, 64 + 64 * i, 0, false).ok());
+    ASSERT_TRUE(m.p.active->post_write(**hmr, 8 * i, 8, m.key, 0, 0, false).ok());
+    ASSERT_TRUE(m.p.active->post_read(*m.flush, 0, 8, m.key, 0, 100 + i).ok());
+  }
+  for (size_t s = 0; s < k; ++s) ASSERT_TRUE(m.p.fabric->step());
+  size_t acked = 0;
+  for (auto& c : wait_for(*m.p.active, kPersists, 0ms)) {
+    ASSERT_TRUE(c.status.ok());
+    ASSERT_EQ(c.wr_id, 100 + acked);  // in order
+    ++acked;
+  }
+  EXPECT_EQ(acked, k / 3);
+  m.p.fabric->crash("target", crash);
+  auto d = m.durable();
+  EXPECT_TRUE(d == m.remote);
+  uint64_t header;
+  std::memcpy(&header, d.data(), 8);
+  EXPECT_GE(header, acked);
+  EXPECT_LE(header, acked + 1);
+  if (!crash.tear) {
+    EXPECT_EQ(header, acked);  // the unflushed persist is dropped whole
+  }
+  for (size_t i = 0; i < kPersists; ++i) {
+    auto rec = copy_of(d, 64 + 64 * i, 64);
+    auto all = [&](size_t from, size_t n, std::byte v) {
+      return std::all_of(rec.begin() + from, rec.begin() + from + n,
+                         [&](std::byte b) { return b == v; });
+    };
+    if (i < acked) {
+      EXPECT_TRUE(all(0, 64, std::byte(0x10 + i))) << "acknowledged persist " << i << " lost";
+    } else if (i == acked && crash.tear) {
+      for (size_t w = 0; w < 64; w += 8)  // each word old or new, never mixed
+        EXPECT_TRUE(all(w, 8, std::byte{0}) || all(w, 8, std::byte(0x10 + i)))
+            << "persist " << i << " word " << w;
+    } else {
+      EXPECT_TRUE(all(0, 64, std::byte{0})) << "persist " << i << " survived without its flush";
+    }
+  }
+}
+
+TEST(FakeCrash, PrefixPropertyAtEveryStep) {
+  for (size_t k = 0; k <= 3 * kPersists; ++k) run_prefix_case(k, {});
+}
+
+TEST(FakeCrash, PrefixPropertyAtEveryStepWithTornWrites) {
+  for (uint64_t seed = 1; seed <= 4; ++seed)
+    for (size_t k = 0; k <= 3 * kPersists; ++k) run_prefix_case(k, CrashOptions{true, seed});
+}
+
+TEST(FakeCrash, TornWritesKeepSomeWordsAndDropOthers) {
+  bool saw_partial = false;
+  for (uint64_t seed = 1; seed <= 8 && !saw_partial; ++seed) {
+    Mirror m(4096);
+    m.write(0, 4096, std::byte{0xEE});
+    m.p.fabric->crash("target", CrashOptions{true, seed});
+    size_t kept = 0;
+    for (size_t w = 0; w < 4096; w += 8) {
+      bool all_new = std::all_of(m.remote.begin() + w, m.remote.begin() + w + 8,
+                                 [](std::byte b) { return b == std::byte{0xEE}; });
+      bool all_old = std::all_of(m.remote.begin() + w, m.remote.begin() + w + 8,
+                                 [](std::byte b) { return b == std::byte{0}; });
+      ASSERT_TRUE(all_new || all_old) << "word " << w << " is torn inside";
+      kept += all_new;
+    }
+    EXPECT_TRUE(m.durable() == m.remote);
+    saw_partial = kept > 0 && kept < 512;
+  }
+  EXPECT_TRUE(saw_partial);
+  // Deterministic: the same seed tears the same way.
+  std::vector<std::byte> first;
+  for (int run = 0; run < 2; ++run) {
+    Mirror m(4096);
+    m.write(0, 4096, std::byte{0xEE});
+    m.p.fabric->crash("target", CrashOptions{true, 77});
+    if (run == 0)
+      first = m.remote;
+    else
+      EXPECT_TRUE(first == m.remote);
+  }
+}
+
+TEST(FakeCrash, CrashAllDropsEverythingUnflushedEverywhere) {
+  Mirror m(4096);
+  std::vector<std::byte> back(4096), src(16, std::byte{6});
+  auto amr = m.p.active->register_memory(back.data(), back.size(), kRemoteWrite);
+  auto smr = m.p.passive->register_memory(src.data(), src.size(), kLocalOnly);
+  ASSERT_TRUE(m.p.passive->post_write(**smr, 0, 16, (*amr)->remote_key(), 0, 1, false).ok());
+  m.write(0, 8, std::byte{1});
+  EXPECT_EQ(back[0], std::byte{6});
+  m.p.fabric->crash_all();
+  EXPECT_EQ(back[0], std::byte{0});
+  EXPECT_EQ(m.remote[0], std::byte{0});
+}
+
+}  // namespace
+}  // namespace pmirror::transport::fake
