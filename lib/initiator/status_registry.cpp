@@ -5,6 +5,7 @@
 
 #include <map>
 #include <mutex>
+#include <shared_mutex>
 
 #include "control/control.h"
 
@@ -29,6 +30,9 @@ class Registry {
   void remove(uint64_t id) {
     std::unique_ptr<control::Server> stopping;
     {
+      // Waits for status calls in progress: once remove() returns, the
+      // volume's function is never called again.
+      std::unique_lock calls(calls_mutex_);
       std::lock_guard lock(mutex_);
       volumes_.erase(id);
       if (volumes_.empty()) {
@@ -64,6 +68,7 @@ class Registry {
   }
 
   nlohmann::json status() {
+    std::shared_lock calls(calls_mutex_);
     std::vector<StatusFn> functions;
     {
       std::lock_guard lock(mutex_);
@@ -79,6 +84,7 @@ class Registry {
             {"volumes", std::move(volumes)}};
   }
 
+  std::shared_mutex calls_mutex_;  // held shared while volumes' status functions run
   std::mutex mutex_;
   uint64_t last_id_ = 0;
   std::map<uint64_t, StatusFn> volumes_;
