@@ -207,12 +207,7 @@ Status build_endpoint(Endpoint& endpoint, const ConnectionOptions& o) {
                                               std::to_string(attr.max_cqe));
 
   // ODP lets registration work on memory the kernel will not pin (fsdax).
-  ibv_device_attr_ex attr_ex{};
-  if (ibv_query_device_ex(ctx, nullptr, &attr_ex) == 0) {
-    const uint32_t rc = attr_ex.odp_caps.per_transport_caps.rc_odp_caps;
-    ep->odp_rc_read_write = (attr_ex.odp_caps.general_caps & IBV_ODP_SUPPORT) != 0 &&
-                            (rc & IBV_ODP_SUPPORT_WRITE) != 0 && (rc & IBV_ODP_SUPPORT_READ) != 0;
-  }
+  ep->odp_rc_read_write = device_has_rc_odp(ctx);
 
   ep->pd = Pd(ibv_alloc_pd(ctx));
   if (!ep->pd) return verbs_error(Errc::kIoError, "ibv_alloc_pd", ctx, errno);
@@ -316,41 +311,15 @@ Result<std::unique_ptr<MemoryRegion>> RdmaConnection::register_memory(void* addr
   if ((access & kRemoteRead) != 0) flags |= IBV_ACCESS_REMOTE_READ;
 
   const Endpoint& ep = *endpoint_;
-  ibv_context* ctx = ep.id->verbs;
-  Mr mr(ibv_reg_mr(ep.pd.get(), addr, len, flags));
-  if (mr)
-    return std::unique_ptr<MemoryRegion>(new RdmaMemoryRegion(endpoint_, std::move(mr), addr, len));
-
-  const int err = errno;
   const std::string path = mapping_path(addr);
   const bool file_backed = !path.empty() && path.rfind("/dev/dax", 0) != 0;
   std::string what = "cannot register " + describe_range(addr, len);
   if (!path.empty()) what += " (a mapping of " + path + ")";
   what += " with " + ep.device;
-
-  // The kernel refuses a long-term pin of fsdax pages (EOPNOTSUPP; EINVAL
-  // from some drivers). On-demand paging registers without pinning.
-  if (err == EOPNOTSUPP || (err == EINVAL && file_backed)) {
-    if (ep.odp_rc_read_write) {
-      mr = Mr(ibv_reg_mr(ep.pd.get(), addr, len, flags | IBV_ACCESS_ON_DEMAND));
-      if (mr)
-        return std::unique_ptr<MemoryRegion>(
-            new RdmaMemoryRegion(endpoint_, std::move(mr), addr, len));
-      return errno_status(Errc::kIoError, what + ": ibv_reg_mr with IBV_ACCESS_ON_DEMAND", errno);
-    }
-    return Status(Errc::kUnsupported,
-                  what + ": ibv_reg_mr: " + std::strerror(err) +
-                      "; the kernel cannot pin fsdax pages and " + ep.device +
-                      " has no on-demand paging (ODP); use a devdax device (/dev/daxX.Y) or a "
-                      "NIC with ODP");
-  }
-  std::string hint;
-  if (err == ENOMEM)
-    hint = " (raise the locked-memory limit: ulimit -l / LimitMEMLOCK=infinity)";
-  else if (err == EFAULT)
-    hint = " (the range is not mapped in this process)";
-  (void)ctx;
-  return Status(Errc::kIoError, what + ": ibv_reg_mr: " + std::strerror(err) + hint);
+  PMIRROR_ASSIGN_OR_RETURN(Mr mr, register_memory_region(ep.pd.get(), ep.id->verbs,
+                                                         ep.odp_rc_read_write, addr, len, flags,
+                                                         file_backed, what));
+  return std::unique_ptr<MemoryRegion>(new RdmaMemoryRegion(endpoint_, std::move(mr), addr, len));
 }
 
 Status RdmaConnection::check_open_locked() const {

@@ -323,34 +323,11 @@ Status probe_registration(ibv_context* ctx, void* addr, size_t len, uint32_t acc
   int flags = IBV_ACCESS_LOCAL_WRITE;
   if ((access & kRemoteWrite) != 0) flags |= IBV_ACCESS_REMOTE_WRITE;
   if ((access & kRemoteRead) != 0) flags |= IBV_ACCESS_REMOTE_READ;
-  if (Mr mr(ibv_reg_mr(pd.get(), addr, len, flags)); mr) return Status::Ok();
-  const int err = errno;
-  const std::string device = device_name(ctx);
-  if (err == EOPNOTSUPP || err == EINVAL) {
-    ibv_device_attr_ex attr{};
-    bool odp = false;
-    if (ibv_query_device_ex(ctx, nullptr, &attr) == 0) {
-      const uint32_t rc = attr.odp_caps.per_transport_caps.rc_odp_caps;
-      odp = (attr.odp_caps.general_caps & IBV_ODP_SUPPORT) != 0 &&
-            (rc & IBV_ODP_SUPPORT_WRITE) != 0 && (rc & IBV_ODP_SUPPORT_READ) != 0;
-    }
-    if (odp) {
-      if (Mr mr(ibv_reg_mr(pd.get(), addr, len, flags | IBV_ACCESS_ON_DEMAND)); mr) {
-        return Status::Ok();
-      }
-      return verbs_error(Errc::kIoError, "ibv_reg_mr with IBV_ACCESS_ON_DEMAND", ctx, errno);
-    }
-    return Status(Errc::kUnsupported,
-                  device + " cannot register it: ibv_reg_mr: " + std::strerror(err) +
-                      "; the kernel cannot pin fsdax pages and " + device +
-                      " has no on-demand paging (ODP). Use a devdax device (/dev/daxX.Y), or a "
-                      "NIC with ODP");
-  }
-  std::string hint = err == ENOMEM ? " (raise the locked-memory limit: ulimit -l, "
-                                     "LimitMEMLOCK=infinity in the unit)"
-                                   : "";
-  return Status(Errc::kIoError,
-                device + " cannot register it: ibv_reg_mr: " + std::strerror(err) + hint);
+  // The caller names the volume and path; file_backed is true so that an
+  // EINVAL on a file mapping is read as the fsdax case too.
+  auto mr = register_memory_region(pd.get(), ctx, device_has_rc_odp(ctx), addr, len, flags,
+                                   /*file_backed=*/true, device_name(ctx) + " cannot register it");
+  return mr.ok() ? Status::Ok() : mr.status();
 }
 
 class RdmaListener final : public Listener {

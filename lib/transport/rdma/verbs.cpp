@@ -80,4 +80,40 @@ Status set_nonblocking(int fd, std::string_view what) {
   return Status::Ok();
 }
 
+bool device_has_rc_odp(ibv_context* context) {
+  ibv_device_attr_ex attr{};
+  if (ibv_query_device_ex(context, nullptr, &attr) != 0) return false;
+  const uint32_t rc = attr.odp_caps.per_transport_caps.rc_odp_caps;
+  return (attr.odp_caps.general_caps & IBV_ODP_SUPPORT) != 0 &&
+         (rc & IBV_ODP_SUPPORT_WRITE) != 0 && (rc & IBV_ODP_SUPPORT_READ) != 0;
+}
+
+Result<Mr> register_memory_region(ibv_pd* pd, ibv_context* context, bool odp, void* addr,
+                                  size_t len, int flags, bool file_backed,
+                                  const std::string& what) {
+  Mr mr(ibv_reg_mr(pd, addr, len, flags));
+  if (mr) return mr;
+  const int err = errno;
+  const std::string device = device_name(context);
+  if (err == EOPNOTSUPP || (err == EINVAL && file_backed)) {
+    if (odp) {
+      mr = Mr(ibv_reg_mr(pd, addr, len, flags | IBV_ACCESS_ON_DEMAND));
+      if (mr) return mr;
+      return errno_status(Errc::kIoError, what + ": ibv_reg_mr with IBV_ACCESS_ON_DEMAND", errno);
+    }
+    return Status(Errc::kUnsupported,
+                  what + ": ibv_reg_mr: " + std::strerror(err) +
+                      "; the kernel cannot pin fsdax pages and " + device +
+                      " has no on-demand paging (ODP); use a devdax device (/dev/daxX.Y) or a "
+                      "NIC with ODP");
+  }
+  std::string hint;
+  if (err == ENOMEM) {
+    hint = " (raise the locked-memory limit: ulimit -l, LimitMEMLOCK=infinity in the unit)";
+  } else if (err == EFAULT) {
+    hint = " (the range is not mapped in this process)";
+  }
+  return Status(Errc::kIoError, what + ": ibv_reg_mr: " + std::strerror(err) + hint);
+}
+
 }  // namespace pmirror::transport::rdma

@@ -148,6 +148,19 @@ std::string device_name(const ibv_context* context);
 // "<call> on <device>: <strerror(err)>" -- the shape of every verbs error.
 Status verbs_error(Errc code, std::string_view call, const ibv_context* context, int err);
 
+// Whether the device can register RC memory for remote read and write
+// without pinning it (on-demand paging): what fsdax mappings need.
+bool device_has_rc_odp(ibv_context* context);
+
+// ibv_reg_mr of [addr, +len) on `pd`. Where the kernel refuses to pin the
+// pages (fsdax: EOPNOTSUPP, or EINVAL from some drivers on file mappings)
+// it retries with IBV_ACCESS_ON_DEMAND if `odp`; otherwise kUnsupported
+// says why and what to use instead. `what` ("cannot register ...") starts
+// every error message.
+Result<Mr> register_memory_region(ibv_pd* pd, ibv_context* context, bool odp, void* addr,
+                                  size_t len, int flags, bool file_backed,
+                                  const std::string& what);
+
 // Makes an fd non-blocking so rdma_get_cm_event / ibv_get_cq_event can be
 // drained after poll(2) without ever sleeping inside the library.
 Status set_nonblocking(int fd, std::string_view what);
