@@ -21,6 +21,8 @@ std::string_view errc_name(Errc code) {
     case Errc::kInternal: return "internal error";
     case Errc::kClosed: return "closed";
     case Errc::kResourceExhausted: return "resource exhausted";
+    case Errc::kSplitBrain: return "split brain";
+    case Errc::kFailedPrecondition: return "failed precondition";
   }
   return "unknown error";
 }

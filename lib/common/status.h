@@ -30,6 +30,8 @@ enum class Errc : uint16_t {
   kInternal = 12,         // a bug: an invariant did not hold
   kClosed = 13,           // the object was shut down
   kResourceExhausted = 14,
+  kSplitBrain = 15,          // two copies both moved on from a common generation
+  kFailedPrecondition = 16,  // the object is not in a state that allows this
 };
 
 std::string_view errc_name(Errc code);
@@ -88,9 +90,9 @@ class [[nodiscard]] Result {
 }  // namespace pmirror
 
 // Propagates a failed Status from an expression that yields one.
-#define PMIRROR_RETURN_IF_ERROR(expr)           \
-  do {                                          \
-    ::pmirror::Status pmirror_status_ = (expr); \
+#define PMIRROR_RETURN_IF_ERROR(expr)                  \
+  do {                                                 \
+    ::pmirror::Status pmirror_status_ = (expr);        \
     if (!pmirror_status_.ok()) return pmirror_status_; \
   } while (0)
 
@@ -98,8 +100,8 @@ class [[nodiscard]] Result {
 #define PMIRROR_CONCAT(a, b) PMIRROR_CONCAT_INNER(a, b)
 // auto x = PMIRROR_TRY(result_expr) is not portable C++; use:
 //   PMIRROR_ASSIGN_OR_RETURN(auto x, expr);
-#define PMIRROR_ASSIGN_OR_RETURN(lhs, expr)                                   \
-  auto PMIRROR_CONCAT(pmirror_result_, __LINE__) = (expr);                    \
-  if (!PMIRROR_CONCAT(pmirror_result_, __LINE__).ok())                        \
-    return PMIRROR_CONCAT(pmirror_result_, __LINE__).status();                \
+#define PMIRROR_ASSIGN_OR_RETURN(lhs, expr)                    \
+  auto PMIRROR_CONCAT(pmirror_result_, __LINE__) = (expr);     \
+  if (!PMIRROR_CONCAT(pmirror_result_, __LINE__).ok())         \
+    return PMIRROR_CONCAT(pmirror_result_, __LINE__).status(); \
   lhs = std::move(PMIRROR_CONCAT(pmirror_result_, __LINE__)).value()

@@ -297,7 +297,7 @@ Status unknown_command(const nlohmann::json& request) {
 }
 
 Errc errc_from_name(std::string_view name) {
-  for (uint16_t code = 0; code <= static_cast<uint16_t>(Errc::kResourceExhausted); ++code) {
+  for (uint16_t code = 0; code <= static_cast<uint16_t>(Errc::kFailedPrecondition); ++code) {
     if (errc_name(static_cast<Errc>(code)) == name) return static_cast<Errc>(code);
   }
   return Errc::kInternal;

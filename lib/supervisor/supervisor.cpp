@@ -13,6 +13,7 @@ std::string_view state_name(PeerState state) {
     case PeerState::kConnected: return "connected";
     case PeerState::kDisconnected: return "disconnected";
     case PeerState::kRefused: return "refused";
+    case PeerState::kSplitBrain: return "split-brain";
     case PeerState::kClosed: return "closed";
   }
   return "unknown";

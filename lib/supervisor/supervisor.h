@@ -21,6 +21,7 @@ enum class PeerState {
   kConnected,     // in sync: persists wait for it
   kDisconnected,  // lost; reconnect scheduled
   kRefused,       // the peer refused us (auth, unknown volume, busy); retried slowly
+  kSplitBrain,    // both copies moved on from a common generation; never synced automatically
   kClosed,        // closed on purpose
 };
 std::string_view state_name(PeerState state);
@@ -60,9 +61,9 @@ class PeerStateMachine {
   std::string peer_;
   EventSink sink_;
   mutable std::mutex mutex_;
-  PeerState state_;         // guarded by mutex_
-  SystemTime since_;        // guarded by mutex_
-  std::string reason_;      // guarded by mutex_
+  PeerState state_;     // guarded by mutex_
+  SystemTime since_;    // guarded by mutex_
+  std::string reason_;  // guarded by mutex_
 };
 
 // Exponential backoff with +-jitter: initial, initial*2, ... capped at max.
