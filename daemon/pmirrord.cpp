@@ -1,14 +1,14 @@
 // pmirrord: the target daemon. Thin: parse flags, load the config, start a
 // Target, serve until SIGTERM/SIGINT. It never forks; systemd (or the
 // shell) supervises it.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
-#include <thread>
-
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "config/config.h"
 #include "control/control.h"
@@ -68,8 +68,10 @@ int main(int argc, char** argv) {
   if (!loaded.ok()) return config_error(loaded.status());
   const pmirror::config::DaemonConfig& config = *loaded;
   if (!apply_log_level(log_level.empty() ? config.log_level : log_level)) {
-    std::fprintf(stderr, "pmirrord: --log-level %s: not a level (trace|debug|info|warn|error|critical|off)\n",
-                 log_level.c_str());
+    std::fprintf(
+        stderr,
+        "pmirrord: --log-level %s: not a level (trace|debug|info|warn|error|critical|off)\n",
+        log_level.c_str());
     return kExitConfig;
   }
   if (check_only) {
@@ -96,9 +98,11 @@ int main(int argc, char** argv) {
   // control server starts after the target, so the sink looks it up.
   std::atomic<pmirror::control::Server*> control_server{nullptr};
   pmirror::target::TargetOptions target_options;
-  // Initiators ping every heartbeat_interval while idle: a session silent
-  // for heartbeat_timeout has lost its initiator.
-  target_options.session_timeout = config.heartbeat_timeout;
+  // Initiators ping every heartbeat_interval while idle and give up on a
+  // replica after heartbeat_timeout. The target waits twice that: a live
+  // initiator may spend a whole heartbeat_timeout waiting on another
+  // replica before it writes to this one again.
+  target_options.session_timeout = 2 * config.heartbeat_timeout;
   target_options.on_event = [&control_server, &config](const pmirror::supervisor::StateChange& c) {
     spdlog::info("volume {}: peer {}: {} -> {}{}{}", c.volume, c.peer,
                  pmirror::supervisor::state_name(c.from), pmirror::supervisor::state_name(c.to),
@@ -122,8 +126,25 @@ int main(int argc, char** argv) {
   auto server = pmirror::control::Server::start(
       config.control_socket,
       [&target](const nlohmann::json& request) -> pmirror::Result<nlohmann::json> {
-        if (request.value("command", "") == "status") {
+        const std::string command = request.value("command", "");
+        if (command == "status") {
           return nlohmann::json::parse((*target)->status_json());
+        }
+        if (command == "promote" || command == "demote") {
+          auto volume = request.find("volume");
+          if (volume == request.end() || !volume->is_string() ||
+              volume->get<std::string>().empty()) {
+            return pmirror::Status(pmirror::Errc::kInvalidArgument,
+                                   command + " needs \"volume\": the volume's name");
+          }
+          if (command == "demote") return (*target)->demote(volume->get<std::string>());
+          auto force = request.find("force");
+          if (force != request.end() && !force->is_boolean()) {
+            return pmirror::Status(pmirror::Errc::kInvalidArgument,
+                                   "promote: \"force\" must be true or false");
+          }
+          bool forced = force != request.end() && force->get<bool>();
+          return (*target)->promote(volume->get<std::string>(), forced);
         }
         return pmirror::control::unknown_command(request);
       });
@@ -136,9 +157,9 @@ int main(int argc, char** argv) {
   // Prometheus endpoint, only when the config asks for one.
   std::unique_ptr<pmirror::metrics::Exporter> exporter;
   if (config.metrics) {
-    auto started = pmirror::metrics::Exporter::start(
-        config.metrics->to_string(),
-        [&target] { return nlohmann::json::parse((*target)->status_json()); });
+    auto started = pmirror::metrics::Exporter::start(config.metrics->to_string(), [&target] {
+      return nlohmann::json::parse((*target)->status_json());
+    });
     if (!started.ok()) {
       spdlog::critical("{}", started.status().message());
       return kExitStart;
@@ -177,8 +198,7 @@ int main(int argc, char** argv) {
         return (*target)->reload(*next);
       }();
       if (!reloaded.ok()) {
-        spdlog::error("reload rejected, the running configuration stays: {}",
-                      reloaded.message());
+        spdlog::error("reload rejected, the running configuration stays: {}", reloaded.message());
         pmirror::systemd::notify_ready("reload rejected (see the log); " + service_status());
       } else {
         pmirror::systemd::notify_ready(service_status());

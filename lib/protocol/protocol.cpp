@@ -1,5 +1,6 @@
 #include "protocol/protocol.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <type_traits>
@@ -26,6 +27,10 @@ class Writer {
   void str(std::string_view s) {
     u16(static_cast<uint16_t>(s.size()));
     for (char c : s) out_.push_back(static_cast<std::byte>(c));
+  }
+  void u64_list(const std::vector<uint64_t>& values) {
+    u32(static_cast<uint32_t>(values.size()));
+    for (uint64_t v : values) u64(v);
   }
   void ranges(const std::vector<Range>& ranges) {
     u32(static_cast<uint32_t>(ranges.size()));
@@ -78,6 +83,21 @@ class Reader {
     PMIRROR_RETURN_IF_ERROR(need(len, field));
     out.assign(reinterpret_cast<const char*>(data_.data() + pos_), len);
     pos_ += len;
+    return Status::Ok();
+  }
+
+  // u32 count + count * u64, count in [min, max] (checked before anything
+  // is allocated for it).
+  Status u64_list(std::vector<uint64_t>& out, size_t min, size_t max, std::string_view field) {
+    uint32_t count = 0;
+    PMIRROR_RETURN_IF_ERROR(u32(count, std::string(field) + " count"));
+    if (count < min || count > max) {
+      return protocol_error(std::string(field) + ": count is " + std::to_string(count) +
+                            ", must be " + std::to_string(min) + ".." + std::to_string(max));
+    }
+    PMIRROR_RETURN_IF_ERROR(need(size_t{count} * 8, field));
+    out.resize(count);
+    for (uint64_t& v : out) PMIRROR_RETURN_IF_ERROR(u64(v, field));
     return Status::Ok();
   }
 
@@ -148,6 +168,8 @@ bool is_known_error_code(uint16_t raw) {
     case Errc::kInternal:
     case Errc::kClosed:
     case Errc::kResourceExhausted:
+    case Errc::kSplitBrain:
+    case Errc::kFailedPrecondition:
       return true;
   }
   return false;
@@ -223,6 +245,76 @@ Status validate(const VolumeDescriptor& m, Errc code) {
     return Status(code, "VolumeDescriptor.methods has undefined bits " + hex(m.methods & ~kKnown) +
                             " (defined: APM 0x1, GPSPM 0x2)");
   }
+  for (size_t i = 1; i < m.generation_history.size(); ++i) {
+    if (m.generation_history[i] != 0 && m.generation_history[i - 1] == 0) {
+      return Status(code, "VolumeDescriptor.generation_history[" + std::to_string(i) +
+                              "] is set after an unused (0) entry; used entries come first");
+    }
+  }
+  if ((m.copy_flags & ~kCopyFlagsKnown) != 0) {
+    return Status(code, "VolumeDescriptor.copy_flags has undefined bits " +
+                            hex(m.copy_flags & ~kCopyFlagsKnown) +
+                            " (defined: consistent 0x1, promoted 0x2, unclean 0x4)");
+  }
+  if (m.activity_extents.size() > kMaxActivityExtents) {
+    return Status(code, "VolumeDescriptor.activity_extents: count is " +
+                            std::to_string(m.activity_extents.size()) + ", must be 0.." +
+                            std::to_string(kMaxActivityExtents));
+  }
+  if (!m.activity_extents.empty() && m.activity_extent_size == 0) {
+    return Status(code, "VolumeDescriptor.activity_extent_size is 0 but " +
+                            std::to_string(m.activity_extents.size()) + " extents are listed");
+  }
+  for (size_t i = 1; i < m.activity_extents.size(); ++i) {
+    if (m.activity_extents[i] <= m.activity_extents[i - 1]) {
+      return Status(code, "VolumeDescriptor.activity_extents[" + std::to_string(i) + "] (" +
+                              std::to_string(m.activity_extents[i]) +
+                              ") is not above the one before it; extents are strictly ascending");
+    }
+  }
+  return Status::Ok();
+}
+Status validate(const SetGeneration& m, Errc code) {
+  if ((m.flags & ~kGenerationFlagsKnown) != 0) {
+    return Status(code, "SetGeneration.flags has undefined bits " +
+                            hex(m.flags & ~kGenerationFlagsKnown) + " (defined: consistent 0x1)");
+  }
+  return Status::Ok();
+}
+// chunk_size a power of two in range, offset a multiple of it.
+Status check_chunking(uint64_t offset, uint64_t chunk_size, Errc code, std::string_view where) {
+  if (chunk_size < kMinVerifyChunkSize || chunk_size > kMaxVerifyChunkSize ||
+      (chunk_size & (chunk_size - 1)) != 0) {
+    return Status(code, std::string(where) + ".chunk_size is " + std::to_string(chunk_size) +
+                            ", must be a power of two from " + std::to_string(kMinVerifyChunkSize) +
+                            " to " + std::to_string(kMaxVerifyChunkSize));
+  }
+  if (offset % chunk_size != 0) {
+    return Status(code, std::string(where) + ".offset " + std::to_string(offset) +
+                            " is not a multiple of the chunk size " + std::to_string(chunk_size));
+  }
+  return Status::Ok();
+}
+Status validate(const VerifyRequest& m, Errc code) {
+  PMIRROR_RETURN_IF_ERROR(check_chunking(m.offset, m.chunk_size, code, "VerifyRequest"));
+  if (m.length == 0) return Status(code, "VerifyRequest.length is 0");
+  if (m.offset > std::numeric_limits<uint64_t>::max() - m.length) {
+    return Status(code, "VerifyRequest: offset " + hex(m.offset) + " + length " + hex(m.length) +
+                            " overflows 64 bits");
+  }
+  if (chunk_count(m.length, m.chunk_size) > kMaxVerifyChunks) {
+    return Status(code,
+                  "VerifyRequest covers " + std::to_string(chunk_count(m.length, m.chunk_size)) +
+                      " chunks, the limit is " + std::to_string(kMaxVerifyChunks) + " per request");
+  }
+  return Status::Ok();
+}
+Status validate(const VerifyReply& m, Errc code) {
+  PMIRROR_RETURN_IF_ERROR(check_chunking(m.offset, m.chunk_size, code, "VerifyReply"));
+  if (m.hashes.empty() || m.hashes.size() > kMaxVerifyChunks) {
+    return Status(code, "VerifyReply.hashes: count is " + std::to_string(m.hashes.size()) +
+                            ", must be 1.." + std::to_string(kMaxVerifyChunks));
+  }
   return Status::Ok();
 }
 Status validate(const Commit& m, Errc code) {
@@ -262,6 +354,12 @@ void put(Writer& w, const VolumeDescriptor& m) {
   w.u64(m.generation);
   w.u64(m.last_sequence);
   w.u32(m.recv_slots);
+  w.bytes(m.copy_uuid);
+  w.u64(m.data_generation);
+  for (uint64_t g : m.generation_history) w.u64(g);
+  w.u32(m.copy_flags);
+  w.u64(m.activity_extent_size);
+  w.u64_list(m.activity_extents);
   w.bytes(m.mac);
 }
 void put(Writer& w, const Commit& m) {
@@ -283,6 +381,21 @@ void put(Writer& w, const ErrorReply& m) {
 void put(Writer&, const Goodbye&) {}
 void put(Writer& w, const Ping& m) { w.u64(m.token); }
 void put(Writer& w, const Pong& m) { w.u64(m.token); }
+void put(Writer& w, const SetGeneration& m) {
+  w.u64(m.generation);
+  w.u32(m.flags);
+}
+void put(Writer& w, const GenerationAck& m) { w.u64(m.generation); }
+void put(Writer& w, const VerifyRequest& m) {
+  w.u64(m.offset);
+  w.u64(m.length);
+  w.u64(m.chunk_size);
+}
+void put(Writer& w, const VerifyReply& m) {
+  w.u64(m.offset);
+  w.u64(m.chunk_size);
+  w.u64_list(m.hashes);
+}
 
 Status get(Reader& r, Hello& m) {
   PMIRROR_RETURN_IF_ERROR(r.str(m.volume, "Hello.volume"));
@@ -300,6 +413,15 @@ Status get(Reader& r, VolumeDescriptor& m) {
   PMIRROR_RETURN_IF_ERROR(r.u64(m.generation, "VolumeDescriptor.generation"));
   PMIRROR_RETURN_IF_ERROR(r.u64(m.last_sequence, "VolumeDescriptor.last_sequence"));
   PMIRROR_RETURN_IF_ERROR(r.u32(m.recv_slots, "VolumeDescriptor.recv_slots"));
+  PMIRROR_RETURN_IF_ERROR(r.bytes(m.copy_uuid, "VolumeDescriptor.copy_uuid"));
+  PMIRROR_RETURN_IF_ERROR(r.u64(m.data_generation, "VolumeDescriptor.data_generation"));
+  for (uint64_t& g : m.generation_history) {
+    PMIRROR_RETURN_IF_ERROR(r.u64(g, "VolumeDescriptor.generation_history"));
+  }
+  PMIRROR_RETURN_IF_ERROR(r.u32(m.copy_flags, "VolumeDescriptor.copy_flags"));
+  PMIRROR_RETURN_IF_ERROR(r.u64(m.activity_extent_size, "VolumeDescriptor.activity_extent_size"));
+  PMIRROR_RETURN_IF_ERROR(
+      r.u64_list(m.activity_extents, 0, kMaxActivityExtents, "VolumeDescriptor.activity_extents"));
   return r.bytes(m.mac, "VolumeDescriptor.mac");
 }
 Status get(Reader& r, Commit& m) {
@@ -323,8 +445,23 @@ Status get(Reader& r, ErrorReply& m) {
 Status get(Reader&, Goodbye&) { return Status::Ok(); }
 Status get(Reader& r, Ping& m) { return r.u64(m.token, "Ping.token"); }
 Status get(Reader& r, Pong& m) { return r.u64(m.token, "Pong.token"); }
+Status get(Reader& r, SetGeneration& m) {
+  PMIRROR_RETURN_IF_ERROR(r.u64(m.generation, "SetGeneration.generation"));
+  return r.u32(m.flags, "SetGeneration.flags");
+}
+Status get(Reader& r, GenerationAck& m) { return r.u64(m.generation, "GenerationAck.generation"); }
+Status get(Reader& r, VerifyRequest& m) {
+  PMIRROR_RETURN_IF_ERROR(r.u64(m.offset, "VerifyRequest.offset"));
+  PMIRROR_RETURN_IF_ERROR(r.u64(m.length, "VerifyRequest.length"));
+  return r.u64(m.chunk_size, "VerifyRequest.chunk_size");
+}
+Status get(Reader& r, VerifyReply& m) {
+  PMIRROR_RETURN_IF_ERROR(r.u64(m.offset, "VerifyReply.offset"));
+  PMIRROR_RETURN_IF_ERROR(r.u64(m.chunk_size, "VerifyReply.chunk_size"));
+  return r.u64_list(m.hashes, 1, kMaxVerifyChunks, "VerifyReply.hashes");
+}
 
-// Message alternative whose index is `type - 1` (the enum values are 1..12
+// Message alternative whose index is `type - 1` (the enum values are 1..16
 // in variant order; the static_asserts keep the two in step).
 template <size_t I = 0>
 Result<Message> decode_payload(MessageType type, Reader& r) {
@@ -345,13 +482,21 @@ Result<Message> decode_payload(MessageType type, Reader& r) {
   }
 }
 
-static_assert(std::variant_size_v<Message> == 12);
+static_assert(std::variant_size_v<Message> == 16);
 static_assert(std::is_same_v<std::variant_alternative_t<0, Message>, Hello> &&
               static_cast<int>(MessageType::kHello) == 1);
 static_assert(std::is_same_v<std::variant_alternative_t<8, Message>, ErrorReply> &&
               static_cast<int>(MessageType::kError) == 9);
 static_assert(std::is_same_v<std::variant_alternative_t<11, Message>, Pong> &&
               static_cast<int>(MessageType::kPong) == 12);
+static_assert(std::is_same_v<std::variant_alternative_t<12, Message>, SetGeneration> &&
+              static_cast<int>(MessageType::kSetGeneration) == 13);
+static_assert(std::is_same_v<std::variant_alternative_t<13, Message>, GenerationAck> &&
+              static_cast<int>(MessageType::kGenerationAck) == 14);
+static_assert(std::is_same_v<std::variant_alternative_t<14, Message>, VerifyRequest> &&
+              static_cast<int>(MessageType::kVerifyRequest) == 15);
+static_assert(std::is_same_v<std::variant_alternative_t<15, Message>, VerifyReply> &&
+              static_cast<int>(MessageType::kVerifyReply) == 16);
 
 bool is_known_type(uint16_t raw) { return raw >= 1 && raw <= std::variant_size_v<Message>; }
 
@@ -399,6 +544,14 @@ std::string_view type_name(MessageType type) {
       return "Ping";
     case MessageType::kPong:
       return "Pong";
+    case MessageType::kSetGeneration:
+      return "SetGeneration";
+    case MessageType::kGenerationAck:
+      return "GenerationAck";
+    case MessageType::kVerifyRequest:
+      return "VerifyRequest";
+    case MessageType::kVerifyReply:
+      return "VerifyReply";
   }
   return "unknown";
 }
@@ -490,6 +643,32 @@ Status check_ranges(std::span<const Range> ranges, uint64_t region_size) {
     }
   }
   return Status::Ok();
+}
+
+uint64_t chunk_count(uint64_t length, uint64_t chunk_size) {
+  return length / chunk_size + (length % chunk_size != 0 ? 1 : 0);
+}
+
+Status check_verify_request(const VerifyRequest& request, uint64_t region_size) {
+  if (request.offset > region_size || request.length > region_size - request.offset) {
+    return Status(Errc::kInvalidArgument, "verify range (offset " + std::to_string(request.offset) +
+                                              ", length " + std::to_string(request.length) +
+                                              ") ends beyond the volume's " +
+                                              std::to_string(region_size) + " bytes");
+  }
+  return Status::Ok();
+}
+
+std::vector<VerifyRequest> split_verify(uint64_t offset, uint64_t length, uint64_t chunk_size) {
+  std::vector<VerifyRequest> out;
+  const uint64_t step = chunk_size * kMaxVerifyChunks;
+  while (length > 0) {
+    uint64_t n = std::min(length, step);
+    out.push_back(VerifyRequest{offset, n, chunk_size});
+    offset += n;
+    length -= n;
+  }
+  return out;
 }
 
 Status check_name(std::string_view name) {

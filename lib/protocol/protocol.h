@@ -31,7 +31,7 @@
 namespace pmirror::protocol {
 
 inline constexpr uint32_t kMagic = 0x52494d50;  // "PMIR" little-endian
-inline constexpr uint16_t kVersion = 1;
+inline constexpr uint16_t kVersion = 2;
 inline constexpr size_t kHeaderSize = 16;
 inline constexpr size_t kMaxMessageSize = 4096;  // header + payload, = a receive slot
 inline constexpr size_t kMaxNameLength = 64;     // volume name, identity
@@ -40,6 +40,16 @@ inline constexpr size_t kNonceSize = 32;
 inline constexpr size_t kMacSize = 32;  // HMAC-SHA256
 // Ranges that fit in one Commit/PersistRequest next to its fixed fields.
 inline constexpr size_t kMaxRangesPerMessage = 200;
+// Activity-log extents a VolumeDescriptor may report (= the metadata's
+// kActivityLogSlots).
+inline constexpr size_t kMaxActivityExtents = 64;
+// Previous generations a VolumeDescriptor carries (= metadata::kHistory).
+inline constexpr size_t kGenerationHistory = 4;
+// Chunks one VerifyRequest may cover, hashes one VerifyReply carries.
+inline constexpr size_t kMaxVerifyChunks = 256;
+// VerifyRequest.chunk_size: a power of two in this range.
+inline constexpr uint64_t kMinVerifyChunkSize = 512;
+inline constexpr uint64_t kMaxVerifyChunkSize = 1ull << 20;
 
 enum class MessageType : uint16_t {
   kHello = 1,             // initiator -> target: open a session
@@ -54,6 +64,10 @@ enum class MessageType : uint16_t {
   kGoodbye = 10,          // initiator -> target: orderly close
   kPing = 11,             // either way: liveness
   kPong = 12,
+  kSetGeneration = 13,  // initiator -> target: adopt this data generation
+  kGenerationAck = 14,  // target -> initiator: generation recorded in the copy's metadata
+  kVerifyRequest = 15,  // initiator -> target: hash these chunks of your copy
+  kVerifyReply = 16,    // target -> initiator: the hashes
 };
 
 // Persistency methods a target can guarantee (bit set on the wire).
@@ -61,6 +75,29 @@ enum PersistMethod : uint32_t {
   kMethodApm = 1u << 0,    // Read after Write flushes into the persistence domain
   kMethodGpspm = 1u << 1,  // target persists on request (Send), then acks
 };
+
+// VolumeDescriptor.copy_flags: the state of the target's copy (its
+// metadata pool, lib/metadata).
+enum CopyFlag : uint32_t {
+  // The copy holds one generation's data; clear while a resync into it is
+  // under way (its bytes are then a mix of two generations).
+  kCopyConsistent = 1u << 0,
+  // The copy was promoted on its node (it refuses sessions, so a
+  // descriptor never carries this bit today; defined for completeness).
+  kCopyPromoted = 1u << 1,
+  // The copy was a primary that did not close cleanly: the
+  // activity_extents name what may differ from the other copies.
+  kCopyUnclean = 1u << 2,
+};
+inline constexpr uint32_t kCopyFlagsKnown = kCopyConsistent | kCopyPromoted | kCopyUnclean;
+
+// SetGeneration.flags.
+enum GenerationFlag : uint32_t {
+  // The copy now holds exactly this generation's data (resync done, or in
+  // sync already). Clear: a resync into the copy starts now.
+  kGenerationConsistent = 1u << 0,
+};
+inline constexpr uint32_t kGenerationFlagsKnown = kGenerationConsistent;
 
 struct Range {
   uint64_t offset = 0;
@@ -90,10 +127,20 @@ struct VolumeDescriptor {
   uint64_t region_size = 0;
   uint64_t remote_address = 0;
   uint32_t rkey = 0;
-  uint32_t methods = 0;                 // PersistMethod bits the target guarantees
-  uint64_t generation = 0;              // the target's current generation for the volume
-  uint64_t last_sequence = 0;           // last sequence the target recorded
-  uint32_t recv_slots = 0;              // how many messages may be in flight to the target
+  uint32_t methods = 0;        // PersistMethod bits the target guarantees
+  uint64_t generation = 0;     // the session bookkeeping generation (state pool), for Commits
+  uint64_t last_sequence = 0;  // last sequence the target recorded
+  uint32_t recv_slots = 0;     // how many messages may be in flight to the target
+  // --- the target's copy (its metadata pool) ---
+  std::array<uint8_t, 16> copy_uuid{};  // which copy this is (random, fixed at creation)
+  uint64_t data_generation = 0;         // the copy's current data generation; 0 = never written
+  // Previous data generations, newest first; 0 = unused (always after the used ones).
+  std::array<uint64_t, kGenerationHistory> generation_history{};
+  uint32_t copy_flags = 0;            // CopyFlag bits
+  uint64_t activity_extent_size = 0;  // bytes per activity extent
+  // With kCopyUnclean: extents [i * activity_extent_size, +size) that may
+  // differ from the other copies; strictly ascending, 0..kMaxActivityExtents.
+  std::vector<uint64_t> activity_extents;
   std::array<uint8_t, kMacSize> mac{};  // auth::target_proof(...): the target knows the secret too
   bool operator==(const VolumeDescriptor&) const = default;
 };
@@ -147,8 +194,45 @@ struct Pong {
   bool operator==(const Pong&) const = default;
 };
 
+// The target's copy is to hold data generation `generation` (0: the
+// primary's copy has no generation yet, it never started one). Sent
+// with flags 0 before a resync into the copy starts (the copy becomes
+// inconsistent: a mix of generations) and with kGenerationConsistent when it
+// holds that generation completely (resync done, or already in sync).
+struct SetGeneration {
+  uint64_t generation = 0;
+  uint32_t flags = 0;  // GenerationFlag bits
+  bool operator==(const SetGeneration&) const = default;
+};
+
+// The copy's metadata records `generation` (echoes SetGeneration).
+struct GenerationAck {
+  uint64_t generation = 0;
+  bool operator==(const GenerationAck&) const = default;
+};
+
+// Hash the chunks of [offset, offset + length) of your copy: chunk i is
+// [offset + i * chunk_size, +chunk_size), the last one cut at offset+length.
+// offset is a multiple of chunk_size, length > 0, at most kMaxVerifyChunks
+// chunks. Whether the range lies in the region is the target's check.
+struct VerifyRequest {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  uint64_t chunk_size = 0;  // a power of two, kMinVerifyChunkSize..kMaxVerifyChunkSize
+  bool operator==(const VerifyRequest&) const = default;
+};
+
+// XXH3-64 (seed 0) of each chunk of a VerifyRequest, in order.
+struct VerifyReply {
+  uint64_t offset = 0;           // echoes the request
+  uint64_t chunk_size = 0;       // echoes the request
+  std::vector<uint64_t> hashes;  // 1..kMaxVerifyChunks
+  bool operator==(const VerifyReply&) const = default;
+};
+
 using Message = std::variant<Hello, Challenge, AuthResponse, VolumeDescriptor, Commit, CommitAck,
-                             PersistRequest, PersistAck, ErrorReply, Goodbye, Ping, Pong>;
+                             PersistRequest, PersistAck, ErrorReply, Goodbye, Ping, Pong,
+                             SetGeneration, GenerationAck, VerifyRequest, VerifyReply>;
 
 MessageType type_of(const Message& message);
 std::string_view type_name(MessageType type);
@@ -162,6 +246,20 @@ Result<Message> decode(std::span<const std::byte> bytes);
 // Every range non-empty, inside [0, region_size), and offset+length not
 // overflowing. The target calls this before touching its region.
 Status check_ranges(std::span<const Range> ranges, uint64_t region_size);
+
+// How many chunks of chunk_size cover length bytes (the last may be
+// short). chunk_size must be nonzero.
+uint64_t chunk_count(uint64_t length, uint64_t chunk_size);
+// The target's check of a decoded VerifyRequest against its region:
+// offset + length must not pass region_size (kInvalidArgument naming both).
+Status check_verify_request(const VerifyRequest& request, uint64_t region_size);
+// What a target hashes and an initiator compares: XXH3-64 (seed 0) of each
+// chunk_size piece of `data`, the last one possibly shorter. Both sides use
+// this one function so the hashes cannot disagree by construction.
+std::vector<uint64_t> hash_chunks(std::span<const std::byte> data, uint64_t chunk_size);
+// The VerifyRequests (each at most kMaxVerifyChunks chunks) that cover
+// [offset, offset + length); offset must be a multiple of chunk_size.
+std::vector<VerifyRequest> split_verify(uint64_t offset, uint64_t length, uint64_t chunk_size);
 
 // A volume name: 1..kMaxNameLength bytes of [A-Za-z0-9._-]. kInvalidArgument
 // otherwise (decode() reports the same rule as kProtocolError).

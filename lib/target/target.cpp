@@ -1,11 +1,11 @@
 #include "target/target.h"
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <condition_variable>
 #include <list>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "protocol/protocol.h"
@@ -50,10 +50,20 @@ Status checkpoint(state::StateStore& state, ServedVolume& volume) {
 
 namespace {
 
+// Settings that need the volume reopened when they change. `peers` and
+// `primary` are not among them: peers is updated in place.
 bool same_settings(const config::VolumeConfig& a, const config::VolumeConfig& b) {
   return a.path == b.path && a.size == b.size && a.create == b.create &&
-         a.allowed_peers == b.allowed_peers && a.secret == b.secret && a.apm == b.apm;
+         a.allowed_peers == b.allowed_peers && a.secret == b.secret && a.apm == b.apm &&
+         a.metadata_path == b.metadata_path && a.chunk == b.chunk;
 }
+
+// How long promote --force waits for the evicted session to let go.
+constexpr std::chrono::milliseconds kEvictWait{10000};
+// How long status trusts what it last read from a copy's metadata pool
+// while nobody holds it open: reading opens the pool, which a local
+// primary could find busy at that instant, so not on every poll.
+constexpr std::chrono::seconds kCopyStatusMaxAge{5};
 
 }  // namespace
 
@@ -107,6 +117,21 @@ class Target::Impl {
     served->config = volume_config;
     served->region = std::move(region).value();
     served->methods = offered_methods(config.transport, volume_config, *served->region);
+    served->peers = volume_config.peers;
+    // Open (creating it if needed) the copy's metadata once, so that a
+    // wrong path or a mismatched pool fails now rather than at the first
+    // session. Busy is fine: a local primary (or, on reload, this volume's
+    // running session) has it open.
+    {
+      std::lock_guard lock(served->metadata_mutex);
+      auto md = open_copy_metadata(*served, config.node);
+      if (md.ok()) {
+        served->copy_status = copy_json((*md)->info());
+        served->copy_status_at = std::chrono::steady_clock::now();
+      } else if (md.status().code() != Errc::kBusy) {
+        return md.status();
+      }
+    }
     auto recorded = state->get_or_create(volume_config.name);
     if (!recorded.ok()) {
       return recorded.status().with_context("volume '" + volume_config.name + "' state");
@@ -122,14 +147,14 @@ class Target::Impl {
   }
 
   Status check_servable(ServedVolume& volume) {
-    Status registrable = listener->check_registrable(
-        volume.region->data(), volume.region->size(),
-        transport::kRemoteWrite | transport::kRemoteRead);
+    Status registrable =
+        listener->check_registrable(volume.region->data(), volume.region->size(),
+                                    transport::kRemoteWrite | transport::kRemoteRead);
     if (!registrable.ok()) {
       return registrable.with_context(
           "volume '" + volume.config.name + "' (" + volume.config.path + ", " +
-          std::string(region::backing_name(volume.region->backing())) +
-          ") cannot be served over " + std::string(transport::kind_name(config.transport)));
+          std::string(region::backing_name(volume.region->backing())) + ") cannot be served over " +
+          std::string(transport::kind_name(config.transport)));
     }
     return Status::Ok();
   }
@@ -144,6 +169,28 @@ class Target::Impl {
         ++it;
       }
     }
+  }
+
+  // status's "copy" object for a volume: from the open handle when a
+  // session (or a command) has the pool open, otherwise from the pool,
+  // read at most every kCopyStatusMaxAge.
+  nlohmann::json copy_status(ServedVolume& volume) const {
+    std::lock_guard lock(volume.metadata_mutex);
+    if (volume.metadata) return copy_json(volume.metadata->info());
+    auto now = std::chrono::steady_clock::now();
+    if (!volume.copy_status.is_null() && now - volume.copy_status_at < kCopyStatusMaxAge) {
+      return volume.copy_status;
+    }
+    auto md = open_copy_metadata(volume, config.node, /*create=*/false);
+    if (md.ok()) {
+      volume.copy_status = copy_json((*md)->info());
+    } else if (md.status().code() == Errc::kBusy) {
+      volume.copy_status = {{"in_use_by_local_primary", true}};
+    } else {
+      volume.copy_status = {{"error", md.status().message()}};
+    }
+    volume.copy_status_at = now;
+    return volume.copy_status;
   }
 
   void checkpoint_loop() {
@@ -183,8 +230,8 @@ Result<std::unique_ptr<Target>> Target::start(const config::DaemonConfig& config
   }
 
   transport::ConnectionOptions connection_options;
-  auto listener = transport::listen(config.transport, config.listen_address, config.port,
-                                    connection_options);
+  auto listener =
+      transport::listen(config.transport, config.listen_address, config.port, connection_options);
   if (!listener.ok()) {
     return listener.status().with_context(
         "listening on " + config.listen_address + ":" + std::to_string(config.port) + " (" +
@@ -200,7 +247,7 @@ Result<std::unique_ptr<Target>> Target::start(const config::DaemonConfig& config
 
 Status Target::run() {
   Impl& impl = *impl_;
-  SessionContext context{impl.options, *impl.state,
+  SessionContext context{impl.options, impl.config.node, *impl.state,
                          [&impl](const std::string& name) { return impl.find(name); },
                          impl.stopping};
   impl.checkpointer = std::thread([&impl] { impl.checkpoint_loop(); });
@@ -266,6 +313,10 @@ Status Target::reload(const config::DaemonConfig& config) {
       if (v->config.name == volume_config.name) existing = v;
     }
     if (existing && same_settings(existing->config, volume_config)) {
+      {
+        std::lock_guard lock(existing->mutex);
+        existing->peers = volume_config.peers;
+      }
       next.push_back(existing);
       continue;
     }
@@ -302,6 +353,111 @@ Status Target::reload(const config::DaemonConfig& config) {
   spdlog::info("configuration reloaded: added {}; removed {}; changed {}", join(added),
                join(removed), join(changed));
   return Status::Ok();
+}
+
+Result<nlohmann::json> Target::promote(const std::string& volume_name, bool force) {
+  Impl& impl = *impl_;
+  const std::string& node = impl.config.node;
+  auto volume = impl.find(volume_name);
+  if (volume == nullptr) {
+    return Status(Errc::kNotFound, "no volume '" + volume_name + "' on node " + node);
+  }
+  WriterClaim claim;
+  PMIRROR_RETURN_IF_ERROR(claim.claim_for_command(
+      *volume, "pmirrorctl promote on node " + node, force,
+      "volume '" + volume_name + "' was promoted on node " + node, kEvictWait));
+
+  std::lock_guard lock(volume->metadata_mutex);
+  PMIRROR_ASSIGN_OR_RETURN(auto md, open_copy_metadata(*volume, node));
+  metadata::CopyInfo info = md->info();
+  const uint64_t previous = info.generations.current;
+  nlohmann::json result = {{"volume", volume_name}, {"node", node}};
+  auto remember = [&] {
+    volume->copy_status = copy_json(md->info());
+    volume->copy_status_at = std::chrono::steady_clock::now();
+  };
+  if (info.promoted) {
+    result["generation"] = hex16(previous);
+    result["previous"] = hex16(info.generations.history[0]);
+    result["promoted"] = true;
+    result["forced"] = false;
+    result["already_promoted"] = true;
+    remember();
+    return result;
+  }
+  if (!info.consistent && !force) {
+    return Status(Errc::kFailedPrecondition,
+                  "volume '" + volume_name + "' on node " + node +
+                      ": the copy is inconsistent: a resync into it was interrupted; promoting it "
+                      "would serve mixed data (use --force to promote anyway)");
+  }
+  if (previous == 0 && !force) {
+    return Status(Errc::kFailedPrecondition,
+                  "volume '" + volume_name + "' on node " + node +
+                      ": the copy never received data (its generation is 0); promoting it would "
+                      "make an empty copy the primary (use --force to promote anyway)");
+  }
+  std::vector<std::string> peers;
+  {
+    std::lock_guard volume_lock(volume->mutex);
+    peers = volume->peers;
+  }
+  for (const auto& peer : peers) {
+    if (peer == node) continue;
+    auto added = md->peer(peer);
+    if (!added.ok()) return added.status().with_context("promote: peer " + peer);
+  }
+  PMIRROR_ASSIGN_OR_RETURN(uint64_t generation, md->new_generation());
+  // A forced promotion of an inconsistent copy declares its bytes the new
+  // generation's data: from here on they are what the volume holds.
+  if (!info.consistent) PMIRROR_RETURN_IF_ERROR(md->set_consistent(true));
+  PMIRROR_RETURN_IF_ERROR(md->set_promoted(true));
+  PMIRROR_RETURN_IF_ERROR(md->set_clean(true));
+  remember();
+  spdlog::warn(
+      "volume {}: promoted on node {}{}: generation {} (previous {}); sessions are refused until "
+      "`pmirrorctl demote {}`",
+      volume_name, node, force ? " (forced)" : "", hex16(generation), hex16(previous), volume_name);
+  result["generation"] = hex16(generation);
+  result["previous"] = hex16(previous);
+  result["promoted"] = true;
+  result["forced"] = force;
+  result["already_promoted"] = false;
+  return result;
+}
+
+Result<nlohmann::json> Target::demote(const std::string& volume_name) {
+  Impl& impl = *impl_;
+  const std::string& node = impl.config.node;
+  auto volume = impl.find(volume_name);
+  if (volume == nullptr) {
+    return Status(Errc::kNotFound, "no volume '" + volume_name + "' on node " + node);
+  }
+  WriterClaim claim;
+  PMIRROR_RETURN_IF_ERROR(claim.claim_for_command(*volume, "pmirrorctl demote on node " + node,
+                                                  /*evict=*/false, "", kEvictWait));
+  std::lock_guard lock(volume->metadata_mutex);
+  auto md = open_copy_metadata(*volume, node);
+  if (!md.ok()) {
+    if (md.status().code() == Errc::kBusy) {
+      return Status(Errc::kBusy,
+                    md.status().message() + "; close the application using it as primary first");
+    }
+    return md.status();
+  }
+  bool was_promoted = (*md)->info().promoted;
+  PMIRROR_RETURN_IF_ERROR((*md)->set_promoted(false));
+  metadata::CopyInfo info = (*md)->info();
+  volume->copy_status = copy_json(info);
+  volume->copy_status_at = std::chrono::steady_clock::now();
+  if (was_promoted) {
+    spdlog::warn("volume {}: demoted on node {}: a replica again at generation {}", volume_name,
+                 node, hex16(info.generations.current));
+  }
+  return nlohmann::json{{"volume", volume_name},
+                        {"node", node},
+                        {"promoted", false},
+                        {"generation", hex16(info.generations.current)}};
 }
 
 std::vector<VolumeStatus> Target::status() const {
@@ -367,6 +523,7 @@ std::string Target::status_json() const {
       peers.push_back(std::move(peer));
     }
     volume["peers"] = std::move(peers);
+    volume["copy"] = impl_->copy_status(*v);
     volumes.push_back(std::move(volume));
   }
   nlohmann::json status;

@@ -4,11 +4,16 @@
 // own session: authenticate, register the region on that connection only,
 // then record Commits and answer PersistRequests until the initiator leaves.
 // One writer per volume; a second is refused while the first is connected.
+// While a session runs, the target holds the copy's metadata pool
+// (lib/metadata) open: generations, consistent/promoted/clean; between
+// sessions it is closed so that libpmirror on this node may open the copy
+// as primary (after `pmirrorctl promote` here).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -39,8 +44,8 @@ struct VolumeStatus {
   std::string path;
   uint64_t size = 0;
   bool is_pmem = false;
-  uint32_t methods = 0;        // protocol::PersistMethod bits offered
-  std::string writer;          // identity@address of the connected writer, empty if none
+  uint32_t methods = 0;  // protocol::PersistMethod bits offered
+  std::string writer;    // identity@address of the connected writer, empty if none
   uint64_t generation = 0;
   uint64_t last_sequence = 0;  // last sequence recorded in the state pool
 };
@@ -67,6 +72,25 @@ class Target {
   std::vector<VolumeStatus> status() const;
   // The status object of docs/control.md (volumes with role "replica").
   std::string status_json() const;
+
+  // `pmirrorctl promote VOLUME [--force]` on this node: this node's copy
+  // starts a new data generation and becomes the volume's primary (an
+  // application on this node may then open it through libpmirror); from
+  // then on the target refuses sessions for the volume until demote().
+  // Peers named in the volume's config start being tracked at the old
+  // generation. Errors: kNotFound (no such volume here); kBusy (a writer is
+  // connected -- without force; with force its session is ended, refused
+  // with kClosed -- or the copy is open as primary by a local process);
+  // kFailedPrecondition without force when the copy is inconsistent (an
+  // interrupted resync) or never received data. Returns
+  //   {"volume", "node", "generation": "<16 hex>", "previous": "<16 hex>",
+  //    "promoted": true, "forced": bool, "already_promoted": bool}
+  // (already promoted: nothing changes, "previous" is the newest history entry).
+  Result<nlohmann::json> promote(const std::string& volume, bool force);
+  // `pmirrorctl demote VOLUME`: the copy is a replica again (sessions are
+  // accepted). kBusy while a local process has the copy open as primary.
+  // Returns {"volume", "node", "promoted": false, "generation": "<16 hex>"}.
+  Result<nlohmann::json> demote(const std::string& volume);
 
   // Applies a new configuration without touching what did not change:
   // volumes only in the new one are mapped and served, volumes gone from it

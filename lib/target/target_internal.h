@@ -3,16 +3,20 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "config/config.h"
-#include "supervisor/supervisor.h"
+#include "metadata/metadata.h"
 #include "region/region.h"
 #include "state/state.h"
+#include "supervisor/supervisor.h"
 #include "target/target.h"
 #include "transport/transport.h"
 
@@ -39,6 +43,16 @@ struct ServedVolume {
 
   std::mutex mutex;
   std::string writer;  // identity@address of the session holding the volume; guarded by mutex
+  // An operator command on the copy (promote, demote) is under way: no
+  // session may claim the volume meanwhile. Names the command; guarded by mutex.
+  std::string admin;
+  // Set by `promote --force`: the writer's session ends at once, refused
+  // with kClosed and evict_reason (guarded by mutex).
+  std::atomic<bool> evict{false};
+  std::string evict_reason;
+  // The volume's other nodes (config.peers, updated in place by a reload
+  // that changes nothing else); guarded by mutex.
+  std::vector<std::string> peers;
   // The writer's session has ended and is writing its last checkpoint: a
   // new writer waits for it rather than being refused (an initiator that
   // closes and reopens at once must not see "busy").
@@ -50,9 +64,21 @@ struct ServedVolume {
   // milliseconds on a plain file, far too much for every persist.
   std::atomic<uint64_t> generation{0};
   std::atomic<uint64_t> applied_sequence{0};
-  std::string writer_identity;  // guarded by mutex
-  std::mutex record_mutex;      // one state-pool update of this volume at a time
+  std::string writer_identity;     // guarded by mutex
+  std::mutex record_mutex;         // one state-pool update of this volume at a time
   uint64_t recorded_sequence = 0;  // guarded by record_mutex
+
+  // The copy's metadata (lib/metadata), open while a session serves the
+  // volume and during promote/demote, closed otherwise so that libpmirror on
+  // this node can open the copy as primary. metadata_mutex serialises every
+  // open and close of the pool in this process (libpmemobj locks the file:
+  // two opens at once would see each other as "busy").
+  std::mutex metadata_mutex;
+  std::shared_ptr<metadata::CopyMetadata> metadata;  // guarded by metadata_mutex
+  // What status last read from the pool while nobody held it open; guarded
+  // by metadata_mutex.
+  nlohmann::json copy_status;
+  std::chrono::steady_clock::time_point copy_status_at{};
 
   // Set when a reload removed the volume: its session ends, and the region
   // is unmapped when the last session lets go of it.
@@ -62,12 +88,53 @@ struct ServedVolume {
   std::deque<std::shared_ptr<SessionRecord>> sessions;
 };
 
+// Releases a volume's writer claim when the session ends, however it ends.
+class WriterClaim {
+ public:
+  WriterClaim() = default;
+  ~WriterClaim() { release(); }
+  void release();
+  // The session is over; only its last checkpoint is left to write.
+  void leaving();
+  WriterClaim(const WriterClaim&) = delete;
+  WriterClaim& operator=(const WriterClaim&) = delete;
+
+  // A session's claim. false: somebody else writes, or an operator command
+  // runs; `holder` says who / what.
+  bool try_claim(ServedVolume& volume, const std::string& who, std::string& holder);
+  // An operator command's claim (promote, demote): excludes new sessions at
+  // once, then waits up to `wait` for the current writer (if any) to let go.
+  // With `evict`, the writer's session is asked to end with `evict_reason`.
+  // kBusy naming the writer when it is connected and !evict, or did not let
+  // go in time; kBusy naming the other command when one runs.
+  Status claim_for_command(ServedVolume& volume, const std::string& command, bool evict,
+                           const std::string& evict_reason, std::chrono::milliseconds wait);
+
+ private:
+  ServedVolume* volume_ = nullptr;
+  bool command_ = false;
+};
+
+// metadata::CopyMetadata::Options for a volume's copy.
+metadata::CopyMetadata::Options metadata_options(const ServedVolume& volume, bool create);
+// Opens the copy's metadata; kBusy comes back naming the node and the pool
+// ("... is open as primary by a process on that node ..."), other errors
+// with the volume as context. Call with volume.metadata_mutex held.
+Result<std::unique_ptr<metadata::CopyMetadata>> open_copy_metadata(const ServedVolume& volume,
+                                                                   const std::string& node,
+                                                                   bool create = true);
+// The "copy" object of status.
+nlohmann::json copy_json(const metadata::CopyInfo& info);
+// 16 lower-case hex digits.
+std::string hex16(uint64_t value);
+
 // Writes a volume's published progress to the state pool if it moved.
 Status checkpoint(state::StateStore& state, ServedVolume& volume);
 
 // Everything a session needs from the daemon.
 struct SessionContext {
   const TargetOptions& options;
+  const std::string node;  // this node's name, for messages
   state::StateStore& state;
   std::function<std::shared_ptr<ServedVolume>(const std::string& name)> find_volume;
   const std::atomic<bool>& stopping;

@@ -5,6 +5,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <optional>
 
 #include "auth/auth.h"
 #include "session/session.h"
@@ -15,48 +17,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
-
-// Releases a volume's writer claim when the session ends, however it ends.
-class WriterClaim {
- public:
-  WriterClaim() = default;
-  ~WriterClaim() { release(); }
-  void release() {
-    if (volume_ == nullptr) return;
-    {
-      std::lock_guard lock(volume_->mutex);
-      volume_->writer.clear();
-      volume_->writer_leaving = false;
-    }
-    volume_->writer_released.notify_all();
-    volume_ = nullptr;
-  }
-  // The session is over; only its last checkpoint is left to write.
-  void leaving() {
-    if (volume_ == nullptr) return;
-    std::lock_guard lock(volume_->mutex);
-    volume_->writer_leaving = true;
-  }
-  WriterClaim(const WriterClaim&) = delete;
-  WriterClaim& operator=(const WriterClaim&) = delete;
-
-  // false: somebody else writes; `holder` says who.
-  bool try_claim(ServedVolume& volume, const std::string& who, std::string& holder) {
-    std::unique_lock lock(volume.mutex);
-    volume.writer_released.wait_for(lock, std::chrono::seconds(5),
-                                    [&] { return volume.writer.empty() || !volume.writer_leaving; });
-    if (!volume.writer.empty()) {
-      holder = volume.writer;
-      return false;
-    }
-    volume.writer = who;
-    volume_ = &volume;
-    return true;
-  }
-
- private:
-  ServedVolume* volume_ = nullptr;
-};
 
 struct Bookkeeping {
   uint64_t generation = 0;
@@ -78,6 +38,101 @@ Status check_update(const Bookkeeping& book, uint64_t generation, uint64_t seque
                                             std::to_string(book.last_sequence));
   }
   return protocol::check_ranges(ranges, region_size);
+}
+
+// The descriptor's copy fields, from the copy's metadata.
+void describe_copy(const metadata::CopyMetadata& md, protocol::VolumeDescriptor& descriptor) {
+  metadata::CopyInfo info = md.info();
+  descriptor.copy_uuid = info.uuid;
+  descriptor.data_generation = info.generations.current;
+  size_t used = 0;
+  for (uint64_t g : info.generations.history) {
+    if (g != 0 && used < descriptor.generation_history.size()) {
+      descriptor.generation_history[used++] = g;
+    }
+  }
+  descriptor.copy_flags = 0;
+  if (info.consistent) descriptor.copy_flags |= protocol::kCopyConsistent;
+  if (info.promoted) descriptor.copy_flags |= protocol::kCopyPromoted;
+  descriptor.activity_extent_size = metadata::kActivityExtent;
+  if (!info.clean) {
+    descriptor.copy_flags |= protocol::kCopyUnclean;
+    std::vector<uint64_t> extents = md.activity_extents();
+    std::sort(extents.begin(), extents.end());
+    extents.erase(std::unique(extents.begin(), extents.end()), extents.end());
+    if (extents.size() > protocol::kMaxActivityExtents) {
+      extents.resize(protocol::kMaxActivityExtents);  // cannot happen: the log has 64 slots
+    }
+    descriptor.activity_extents = std::move(extents);
+  }
+}
+
+// The copy's metadata, open for the session; closed (and status's cached
+// view of it refreshed) when the session ends, so that libpmirror on this
+// node can open the copy as primary between sessions.
+class SessionMetadata {
+ public:
+  explicit SessionMetadata(ServedVolume& volume) : volume_(volume) {}
+  ~SessionMetadata() { close(); }
+  SessionMetadata(const SessionMetadata&) = delete;
+  SessionMetadata& operator=(const SessionMetadata&) = delete;
+
+  Status open(const std::string& node) {
+    std::lock_guard lock(volume_.metadata_mutex);
+    auto opened = open_copy_metadata(volume_, node);
+    if (!opened.ok()) {
+      if (opened.status().code() == Errc::kBusy) {
+        // Status shows it at once rather than at its next refresh.
+        volume_.copy_status = {{"in_use_by_local_primary", true}};
+        volume_.copy_status_at = std::chrono::steady_clock::now();
+      }
+      return opened.status();
+    }
+    md_ = std::shared_ptr<metadata::CopyMetadata>(std::move(opened).value());
+    volume_.metadata = md_;
+    return Status::Ok();
+  }
+  void close() {
+    if (md_ == nullptr) return;
+    std::lock_guard lock(volume_.metadata_mutex);
+    volume_.copy_status = copy_json(md_->info());
+    volume_.copy_status_at = std::chrono::steady_clock::now();
+    volume_.metadata.reset();
+    md_.reset();  // the last reference: closes the pool
+  }
+  metadata::CopyMetadata& operator*() const { return *md_; }
+  metadata::CopyMetadata* operator->() const { return md_.get(); }
+
+ private:
+  ServedVolume& volume_;
+  std::shared_ptr<metadata::CopyMetadata> md_;
+};
+
+// SetGeneration: the primary names the generation this copy is to hold.
+Status adopt(metadata::CopyMetadata& md, const protocol::SetGeneration& request) {
+  bool consistent = (request.flags & protocol::kGenerationConsistent) != 0;
+  PMIRROR_RETURN_IF_ERROR(md.adopt_generation(request.generation, consistent));
+  if (consistent) {
+    // A plain in-sync replica now: whatever this copy recorded as a primary
+    // (its activity log, its peers' bitmaps) no longer means anything.
+    PMIRROR_RETURN_IF_ERROR(md.set_clean(true));
+    PMIRROR_RETURN_IF_ERROR(md.clear_activity_log());
+    PMIRROR_RETURN_IF_ERROR(md.forget_peers());
+  }
+  return Status::Ok();
+}
+
+// VerifyRequest: XXH3-64 of each chunk of the range.
+Result<protocol::VerifyReply> verify(const region::Region& region,
+                                     const protocol::VerifyRequest& request) {
+  PMIRROR_RETURN_IF_ERROR(protocol::check_verify_request(request, region.size()));
+  const auto* base = static_cast<const std::byte*>(region.data());
+  protocol::VerifyReply reply;
+  reply.offset = request.offset;
+  reply.chunk_size = request.chunk_size;
+  reply.hashes = protocol::hash_chunks(
+      std::span<const std::byte>(base + request.offset, request.length), request.chunk_size);
+  return reply;
 }
 
 }  // namespace
@@ -104,8 +159,7 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
   std::shared_ptr<ServedVolume> volume = context.find_volume(hello->volume);
   if (volume == nullptr) {
     spdlog::warn("{}: refused: no volume '{}'", who, hello->volume);
-    session::refuse(messenger, Errc::kNotFound,
-                    "no volume '" + hello->volume + "' on this target");
+    session::refuse(messenger, Errc::kNotFound, "no volume '" + hello->volume + "' on this target");
     return;
   }
   const std::string& name = volume->config.name;
@@ -166,6 +220,27 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
     return;
   }
 
+  SessionMetadata md(*volume);
+  if (Status opened = md.open(context.node); !opened.ok()) {
+    if (opened.code() == Errc::kBusy) {
+      spdlog::warn("{}: volume {}: refused: {}", who, name, opened.message());
+    } else {
+      spdlog::error("{}: volume {}: {}", who, name, opened.message());
+    }
+    refuse_session(opened.code(), opened.message());
+    return;
+  }
+  if (md->info().promoted) {
+    std::string text = "volume '" + name + "' was promoted on node " + context.node +
+                       " and accepts no other primary; run `pmirrorctl demote " + name + "` on " +
+                       context.node + " to make it a replica again";
+    spdlog::warn("{}: refused: {}", who, text);
+    md.close();  // let go first: an operator's demote may follow at once
+    claim.release();
+    refuse_session(Errc::kBusy, text);
+    return;
+  }
+
   region::Region& region = *volume->region;
   auto registration = connection->register_memory(
       region.data(), region.size(), transport::kRemoteWrite | transport::kRemoteRead,
@@ -201,6 +276,7 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
   descriptor.generation = book.generation;
   descriptor.last_sequence = book.last_sequence;
   descriptor.recv_slots = connection->options().recv_slots;
+  describe_copy(*md, descriptor);
   descriptor.mac = auth::target_proof(volume->config.secret, auth_context);
   if (Status sent = messenger.send(descriptor); !sent.ok()) {
     spdlog::warn("{}: sending VolumeDescriptor: {}", who, sent.to_string());
@@ -214,11 +290,22 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
   }
   record->acknowledged = book.last_sequence;
   record->state.transition(supervisor::PeerState::kConnected, "session open");
-  spdlog::info("{}: volume {}: session open (generation {}, last sequence {}, methods {:#x})",
-               who, name, book.generation, book.last_sequence, volume->methods);
+  spdlog::info(
+      "{}: volume {}: session open (generation {}, last sequence {}, methods {:#x}; copy "
+      "generation {}{}{})",
+      who, name, book.generation, book.last_sequence, volume->methods,
+      hex16(descriptor.data_generation),
+      (descriptor.copy_flags & protocol::kCopyConsistent) != 0 ? "" : ", inconsistent",
+      (descriptor.copy_flags & protocol::kCopyUnclean) != 0
+          ? ", unclean: " + std::to_string(descriptor.activity_extents.size()) +
+                " activity extent(s) reported"
+          : std::string());
 
   std::string end_reason = "initiator closed the session";
   bool said_goodbye = false;
+  // The state the session record ends in when it is not a Goodbye
+  // (kClosed) or a plain loss (kDisconnected).
+  std::optional<supervisor::PeerState> end_state;
   auto last_heard = Clock::now();
   std::vector<protocol::Message> messages;
   bool open = true;
@@ -229,6 +316,19 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
       end_reason = pumped.to_string();
       break;
     }
+    if (volume->evict.load()) {
+      // `pmirrorctl promote --force` on this node: this copy becomes the
+      // primary; the old primary's session ends now.
+      std::string reason;
+      {
+        std::lock_guard lock(volume->mutex);
+        reason = volume->evict_reason;
+      }
+      session::refuse(messenger, Errc::kClosed, reason);
+      end_reason = "ended by promote --force: " + reason;
+      end_state = supervisor::PeerState::kClosed;
+      break;
+    }
     if (messages.empty()) {
       if (context.stopping.load()) {
         session::refuse(messenger, Errc::kClosed, "target is shutting down");
@@ -236,14 +336,14 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
         break;
       }
       if (volume->removed.load()) {
-        session::refuse(messenger, Errc::kClosed, "volume '" + name +
-                                                      "' was removed from the target's configuration");
+        session::refuse(messenger, Errc::kClosed,
+                        "volume '" + name + "' was removed from the target's configuration");
         end_reason = "volume removed by a configuration reload";
         break;
       }
       if (Clock::now() - last_heard > context.options.session_timeout) {
-        end_reason = "nothing heard for " +
-                     std::to_string(context.options.session_timeout.count()) + " ms";
+        end_reason =
+            "nothing heard for " + std::to_string(context.options.session_timeout.count()) + " ms";
         session::refuse(messenger, Errc::kTimeout, "session timed out: " + end_reason);
         break;
       }
@@ -253,8 +353,8 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
     for (auto& message : messages) {
       Status handled;
       if (auto* commit = std::get_if<protocol::Commit>(&message)) {
-        handled = check_update(book, commit->generation, commit->sequence, commit->ranges,
-                               region.size());
+        handled =
+            check_update(book, commit->generation, commit->sequence, commit->ranges, region.size());
         if (handled.ok()) {
           book.last_sequence = commit->sequence;
           volume->applied_sequence.store(book.last_sequence);
@@ -293,15 +393,37 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
         said_goodbye = true;
         open = false;
         break;
+      } else if (auto* set = std::get_if<protocol::SetGeneration>(&message)) {
+        bool consistent = (set->flags & protocol::kGenerationConsistent) != 0;
+        handled = adopt(*md, *set);
+        if (handled.ok()) {
+          spdlog::info("{}: volume {}: copy adopted generation {} ({})", who, name,
+                       hex16(set->generation),
+                       consistent ? "consistent: in sync"
+                                  : "inconsistent until the resync into it completes");
+          handled = messenger.send(protocol::GenerationAck{set->generation});
+        } else {
+          spdlog::error("{}: volume {}: adopting generation {}: {}", who, name,
+                        hex16(set->generation), handled.to_string());
+        }
+      } else if (auto* verify_request = std::get_if<protocol::VerifyRequest>(&message)) {
+        auto reply = verify(region, *verify_request);
+        handled = reply.ok() ? messenger.send(*reply) : reply.status();
       } else if (auto* error = std::get_if<protocol::ErrorReply>(&message)) {
-        end_reason = "initiator reported: " + error->text;
+        if (error->code == Errc::kSplitBrain) {
+          spdlog::error("{}: volume {}: split brain: {}", who, name, error->text);
+          end_reason = error->text;
+          end_state = supervisor::PeerState::kSplitBrain;
+        } else {
+          end_reason = "initiator reported: " + error->text;
+        }
         open = false;
         break;
       } else {
-        handled = Status(Errc::kProtocolError,
-                         "unexpected " +
-                             std::string(protocol::type_name(protocol::type_of(message))) +
-                             " during a session");
+        handled =
+            Status(Errc::kProtocolError,
+                   "unexpected " + std::string(protocol::type_name(protocol::type_of(message))) +
+                       " during a session");
       }
       if (!handled.ok()) {
         ++record->errors;
@@ -319,10 +441,11 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
     spdlog::error("{}: volume {}: recording sequence {}: {}", who, name, book.last_sequence,
                   saved.to_string());
   }
+  md.close();  // before the claim goes: whoever claims next may open it at once
   claim.release();
-  record->state.transition(
-      said_goodbye ? supervisor::PeerState::kClosed : supervisor::PeerState::kDisconnected,
-      end_reason);
+  record->state.transition(end_state.value_or(said_goodbye ? supervisor::PeerState::kClosed
+                                                           : supervisor::PeerState::kDisconnected),
+                           end_reason);
   spdlog::info("{}: volume {}: session closed at sequence {}: {}", who, name, book.last_sequence,
                end_reason);
 }

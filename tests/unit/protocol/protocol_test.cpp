@@ -2,6 +2,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include <cstdint>
 #include <limits>
@@ -140,6 +141,20 @@ class Gen {
         m.generation = u64();
         m.last_sequence = u64();
         m.recv_slots = static_cast<uint32_t>(u64());
+        m.copy_uuid = bytes<16>();
+        m.data_generation = u64();
+        size_t used = below(kGenerationHistory + 1);  // used entries first, then zeros
+        for (size_t i = 0; i < used; ++i) m.generation_history[i] = 1 + below(kMax64);
+        m.copy_flags = static_cast<uint32_t>(below(8));
+        m.activity_extent_size = below(4) == 0 ? 0 : 1 + below(kMax64);
+        if (m.activity_extent_size != 0) {
+          size_t n = below(kMaxActivityExtents + 1);
+          uint64_t next = below(1000);
+          for (size_t i = 0; i < n; ++i) {
+            m.activity_extents.push_back(next);
+            next += 1 + below(below(2) ? 4 : 1u << 30);
+          }
+        }
         m.mac = bytes<kMacSize>();
         return m;
       }
@@ -152,15 +167,35 @@ class Gen {
       case 7:
         return PersistAck{u64()};
       case 8:
-        return ErrorReply{static_cast<Errc>(1 + below(14)), text()};
+        return ErrorReply{static_cast<Errc>(1 + below(16)), text()};
       case 9:
         return Goodbye{};
       case 10:
         return Ping{u64()};
-      default:
+      case 11:
         return Pong{u64()};
+      case 12:
+        return SetGeneration{u64(), static_cast<uint32_t>(below(2))};
+      case 13:
+        return GenerationAck{u64()};
+      case 14: {
+        VerifyRequest m;
+        m.chunk_size = chunk_size();
+        m.length = 1 + below(m.chunk_size * kMaxVerifyChunks);
+        m.offset = m.chunk_size * below((kMax64 - m.length) / m.chunk_size + 1);
+        return m;
+      }
+      default: {
+        VerifyReply m;
+        m.chunk_size = chunk_size();
+        m.offset = m.chunk_size * below(kMax64 / m.chunk_size + 1);
+        m.hashes.resize(1 + below(kMaxVerifyChunks));
+        for (uint64_t& h : m.hashes) h = u64();
+        return m;
+      }
     }
   }
+  uint64_t chunk_size() { return kMinVerifyChunkSize << below(12); }  // 512 B .. 1 MiB
   Message message() { return message(below(std::variant_size_v<Message>)); }
 
  private:
@@ -186,6 +221,13 @@ TEST(ProtocolTest, RoundTripsEveryMessageTypeWithRandomFields) {
 }
 
 TEST(ProtocolTest, LargestMessagesFitTheLimit) {
+  VolumeDescriptor d;
+  d.activity_extent_size = 4 << 20;
+  for (uint64_t i = 0; i < kMaxActivityExtents; ++i) d.activity_extents.push_back(kMax64 - 64 + i);
+  d.generation_history = {1, 2, 3, 4};
+  EXPECT_TRUE(decode(encoded(d)).ok());
+  VerifyReply v{0, 4096, std::vector<uint64_t>(kMaxVerifyChunks, kMax64)};
+  EXPECT_TRUE(decode(encoded(v)).ok());
   Commit c;
   c.ranges.assign(kMaxRangesPerMessage, Range{kMax64 - 1, 1});
   EXPECT_LE(encoded(c).size(), kMaxMessageSize);
@@ -202,6 +244,14 @@ TEST(ProtocolTest, TypeOfAndTypeNameAgree) {
   EXPECT_EQ(type_of(Pong{}), MessageType::kPong);
   EXPECT_EQ(type_of(ErrorReply{}), MessageType::kError);
   EXPECT_EQ(type_name(MessageType::kPersistRequest), "PersistRequest");
+  EXPECT_EQ(type_of(SetGeneration{}), MessageType::kSetGeneration);
+  EXPECT_EQ(type_of(GenerationAck{}), MessageType::kGenerationAck);
+  EXPECT_EQ(type_of(VerifyRequest{}), MessageType::kVerifyRequest);
+  EXPECT_EQ(type_of(VerifyReply{}), MessageType::kVerifyReply);
+  EXPECT_EQ(type_name(MessageType::kSetGeneration), "SetGeneration");
+  EXPECT_EQ(type_name(MessageType::kGenerationAck), "GenerationAck");
+  EXPECT_EQ(type_name(MessageType::kVerifyRequest), "VerifyRequest");
+  EXPECT_EQ(type_name(MessageType::kVerifyReply), "VerifyReply");
   EXPECT_EQ(type_name(static_cast<MessageType>(99)), "unknown");
 }
 
@@ -212,7 +262,7 @@ TEST(ProtocolTest, GoldenCommitBytes) {
   c.generation = 2;
   c.ranges = {{0x1000, 0x200}};
   Bytes expected = from_hex(
-      "504d4952 0100 0500 24000000 00000000"  // header: magic, v1, type 5, 36 bytes
+      "504d4952 0200 0500 24000000 00000000"  // header: magic, v2, type 5, 36 bytes
       "0807060504030201"                      // sequence
       "0200000000000000"                      // generation
       "01000000"                              // range count
@@ -225,7 +275,7 @@ TEST(ProtocolTest, GoldenCommitBytes) {
 
 TEST(ProtocolTest, GoldenHelloBytes) {
   Bytes expected = from_hex(
-      "504d4952 0100 0100 2f000000 00000000"  // header: type 1, 47 bytes
+      "504d4952 0200 0100 2f000000 00000000"  // header: type 1, 47 bytes
       "0300 646230"                           // "db0"
       "0400 61707031"                         // "app1"
       "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
@@ -234,8 +284,67 @@ TEST(ProtocolTest, GoldenHelloBytes) {
 }
 
 TEST(ProtocolTest, GoldenErrorBytes) {
-  Bytes expected = from_hex("504d4952 0100 0900 08000000 00000000  0a00 0400 62757379");
+  Bytes expected = from_hex("504d4952 0200 0900 08000000 00000000  0a00 0400 62757379");
   EXPECT_EQ(encoded(ErrorReply{Errc::kBusy, "busy"}), expected);
+}
+
+TEST(ProtocolTest, GoldenSetGenerationBytes) {
+  Bytes expected = from_hex(
+      "504d4952 0200 0d00 0c000000 00000000"  // header: type 13, 12 bytes
+      "0807060504030201"                      // generation
+      "01000000");                            // flags: consistent
+  EXPECT_EQ(encoded(SetGeneration{0x0102030405060708, kGenerationConsistent}), expected);
+  EXPECT_EQ(encoded(GenerationAck{0x0102030405060708}),
+            from_hex("504d4952 0200 0e00 08000000 00000000 0807060504030201"));
+}
+
+TEST(ProtocolTest, GoldenVerifyBytes) {
+  EXPECT_EQ(encoded(VerifyRequest{0x10000, 0x20000, 0x10000}),
+            from_hex("504d4952 0200 0f00 18000000 00000000"  // type 15, 24 bytes
+                     "0000010000000000 0000020000000000 0000010000000000"));
+  EXPECT_EQ(encoded(VerifyReply{0x10000, 0x10000, {1, 0xffffffffffffffff}}),
+            from_hex("504d4952 0200 1000 24000000 00000000"  // type 16, 36 bytes
+                     "0000010000000000 0000010000000000"     // offset, chunk_size
+                     "02000000"                              // 2 hashes
+                     "0100000000000000 ffffffffffffffff"));
+}
+
+TEST(ProtocolTest, GoldenVolumeDescriptorBytes) {
+  VolumeDescriptor d;
+  d.region_size = 0x100000;
+  d.remote_address = 0x7f0000000000;
+  d.rkey = 0x11223344;
+  d.methods = kMethodApm | kMethodGpspm;
+  d.generation = 1;
+  d.last_sequence = 9;
+  d.recv_slots = 64;
+  for (size_t i = 0; i < 16; ++i) d.copy_uuid[i] = static_cast<uint8_t>(0xa0 + i);
+  d.data_generation = 0x1111111111111111;
+  d.generation_history = {0x2222222222222222, 0, 0, 0};
+  d.copy_flags = kCopyConsistent | kCopyUnclean;
+  d.activity_extent_size = 4 << 20;
+  d.activity_extents = {3};
+  for (size_t i = 0; i < kMacSize; ++i) d.mac[i] = static_cast<uint8_t>(i);
+  Bytes expected = from_hex(
+      "504d4952 0200 0400 9c000000 00000000"  // header: type 4, 156 bytes
+      "0000100000000000"                      // region_size
+      "00000000007f0000"                      // remote_address
+      "44332211"                              // rkey
+      "03000000"                              // methods
+      "0100000000000000"                      // generation
+      "0900000000000000"                      // last_sequence
+      "40000000"                              // recv_slots
+      "a0a1a2a3a4a5a6a7a8a9aaabacadaeaf"      // copy_uuid
+      "1111111111111111"                      // data_generation
+      "2222222222222222 0000000000000000 0000000000000000 0000000000000000"
+      "05000000"                   // copy_flags
+      "0000400000000000"           // activity_extent_size
+      "01000000 0300000000000000"  // 1 extent: 3
+      "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f");
+  EXPECT_EQ(encoded(d), expected);
+  Result<Message> back = decode(expected);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_TRUE(*back == Message(d));
 }
 
 // --- header rejections -----------------------------------------------------
@@ -254,17 +363,19 @@ TEST(ProtocolDecodeTest, RejectsWrongMagic) {
 
 TEST(ProtocolDecodeTest, RejectsOtherVersionNamingBoth) {
   Bytes b = encoded(Hello(sample_hello()));
-  put_le(b, 4, 2, 2);
-  expect_rejected(b, "peer speaks pmirror protocol version 2, this side speaks version 1",
+  put_le(b, 4, 1, 2);
+  expect_rejected(b, "peer speaks pmirror protocol version 1, this side speaks version 2",
                   Errc::kUnsupported);
+  put_le(b, 4, 3, 2);
+  expect_rejected(b, "version 3", Errc::kUnsupported);
   put_le(b, 4, 0, 2);
   expect_rejected(b, "version 0", Errc::kUnsupported);
 }
 
 TEST(ProtocolDecodeTest, OtherVersionErrorReplyCarriesThePeersReason) {
-  Bytes b = encoded(ErrorReply{Errc::kUnsupported, "this target speaks only version 2"});
-  put_le(b, 4, 2, 2);
-  expect_rejected(b, "the peer says: unsupported: this target speaks only version 2",
+  Bytes b = encoded(ErrorReply{Errc::kUnsupported, "this target speaks only version 1"});
+  put_le(b, 4, 1, 2);
+  expect_rejected(b, "the peer says: unsupported: this target speaks only version 1",
                   Errc::kUnsupported);
   // Fields a later version appends to ErrorReply do not hide the reason.
   b.push_back(std::byte{0x55});
@@ -276,8 +387,8 @@ TEST(ProtocolDecodeTest, RejectsUnknownType) {
   Bytes b = encoded(Ping{1});
   put_le(b, 6, 0, 2);
   expect_rejected(b, "unknown message type 0");
-  put_le(b, 6, 13, 2);
-  expect_rejected(b, "unknown message type 13");
+  put_le(b, 6, 17, 2);
+  expect_rejected(b, "unknown message type 17");
   put_le(b, 6, 0xffff, 2);
   expect_rejected(b, "unknown message type 65535");
 }
@@ -441,8 +552,10 @@ TEST(ProtocolDecodeTest, RejectsBadErrorReplies) {
   Bytes b = encoded(ErrorReply{Errc::kBusy, "volume db0 has a writer"});
   put_le(b, kHeaderSize, 0, 2);
   expect_rejected(b, "ErrorReply.code 0 is not a known error code");
-  put_le(b, kHeaderSize, 15, 2);
-  expect_rejected(b, "ErrorReply.code 15 is not a known error code");
+  put_le(b, kHeaderSize, 17, 2);
+  expect_rejected(b, "ErrorReply.code 17 is not a known error code");
+  put_le(b, kHeaderSize, 15, 2);  // split brain, new in version 2
+  EXPECT_TRUE(decode(b).ok());
 
   b = encoded(ErrorReply{Errc::kBusy, "a"});
   b.back() = std::byte{0};
@@ -457,6 +570,152 @@ TEST(ProtocolDecodeTest, RejectsBadErrorReplies) {
   b = encoded(ErrorReply{Errc::kBusy, "abc"});
   put_le(b, kHeaderSize + 2, 4, 2);  // claims one byte more than there is
   expect_rejected(b, "truncated message: ErrorReply.text needs 4 bytes, 3 left");
+}
+
+// VolumeDescriptor in version 2: fixed part up to recv_slots (44 bytes), then
+// these payload offsets.
+constexpr size_t kHistoryAt = kHeaderSize + 44 + 16 + 8;
+constexpr size_t kCopyFlagsAt = kHistoryAt + 32;
+constexpr size_t kExtentSizeAt = kCopyFlagsAt + 4;
+constexpr size_t kExtentCountAt = kExtentSizeAt + 8;
+
+VolumeDescriptor sample_descriptor() {
+  VolumeDescriptor d;
+  d.methods = kMethodGpspm;
+  d.data_generation = 5;
+  d.generation_history = {4, 3, 0, 0};
+  d.copy_flags = kCopyConsistent | kCopyUnclean;
+  d.activity_extent_size = 4 << 20;
+  d.activity_extents = {1, 7};
+  return d;
+}
+
+TEST(ProtocolDecodeTest, RejectsBadDescriptorCopyFields) {
+  Bytes good = encoded(sample_descriptor());
+  ASSERT_TRUE(decode(good).ok());
+
+  Bytes b = good;
+  put_le(b, kHistoryAt + 8, 0, 8);  // history {4, 0, 0, 0} is fine
+  ASSERT_TRUE(decode(b).ok());
+  put_le(b, kHistoryAt + 16, 9, 8);  // {4, 0, 9, 0}: a used entry after an unused one
+  expect_rejected(b, "VolumeDescriptor.generation_history[2] is set after an unused (0) entry");
+
+  b = good;
+  put_le(b, kCopyFlagsAt, 0x9, 4);
+  expect_rejected(b, "VolumeDescriptor.copy_flags has undefined bits 0x8");
+
+  b = good;
+  put_le(b, kExtentSizeAt, 0, 8);
+  expect_rejected(b, "VolumeDescriptor.activity_extent_size is 0 but 2 extents are listed");
+
+  b = good;
+  put_le(b, kExtentCountAt + 4 + 8, 1, 8);  // {1, 1}
+  expect_rejected(b, "VolumeDescriptor.activity_extents[1] (1) is not above the one before it");
+
+  b = good;
+  put_le(b, kExtentCountAt, 65, 4);
+  expect_rejected(b, "VolumeDescriptor.activity_extents: count is 65, must be 0..64");
+  put_le(b, kExtentCountAt, 0xffffffff, 4);  // must not allocate for it
+  expect_rejected(b, "count is 4294967295");
+  put_le(b, kExtentCountAt, 3, 4);  // one more than follows (the mac is taken as extents)
+  b.resize(kExtentCountAt + 4 + 16);
+  fix_length(b);
+  expect_rejected(b,
+                  "truncated message: VolumeDescriptor.activity_extents needs 24 bytes, 16 left");
+
+  // No extents with size 0 is fine (a clean copy).
+  VolumeDescriptor clean = sample_descriptor();
+  clean.activity_extent_size = 0;
+  clean.activity_extents.clear();
+  EXPECT_TRUE(decode(encoded(clean)).ok());
+}
+
+TEST(ProtocolDecodeTest, RejectsBadSetGeneration) {
+  Bytes b = encoded(SetGeneration{7, kGenerationConsistent});
+  put_le(b, kHeaderSize + 8, 0x3, 4);
+  expect_rejected(b, "SetGeneration.flags has undefined bits 0x2");
+  b = encoded(SetGeneration{7, 0});
+  put_le(b, kHeaderSize, 0, 8);  // generation 0: a primary that never started one
+  EXPECT_TRUE(decode(b).ok());
+  b = encoded(SetGeneration{7, 0});
+  b.pop_back();
+  fix_length(b);
+  expect_rejected(b, "truncated message: SetGeneration.flags needs 4 bytes, 3 left");
+}
+
+TEST(ProtocolDecodeTest, RejectsBadVerifyRequests) {
+  auto request = [](uint64_t offset, uint64_t length, uint64_t chunk) {
+    Bytes b = encoded(VerifyRequest{0, 4096, 4096});
+    put_le(b, kHeaderSize, offset, 8);
+    put_le(b, kHeaderSize + 8, length, 8);
+    put_le(b, kHeaderSize + 16, chunk, 8);
+    return b;
+  };
+  ASSERT_TRUE(decode(request(8192, 4096 * 256, 4096)).ok());
+  ASSERT_TRUE(decode(request(512, 1, 512)).ok());
+  expect_rejected(request(0, 4096, 0), "VerifyRequest.chunk_size is 0, must be a power of two");
+  expect_rejected(request(0, 4096, 256), "chunk_size is 256");
+  expect_rejected(request(0, 4096, 3000), "chunk_size is 3000");
+  expect_rejected(request(0, 4096, 2u << 20), "chunk_size is 2097152");
+  expect_rejected(request(100, 4096, 4096), "VerifyRequest.offset 100 is not a multiple of");
+  expect_rejected(request(0, 0, 4096), "VerifyRequest.length is 0");
+  expect_rejected(request(kMax64 - 4095, 4097, 4096), "overflows 64 bits");
+  expect_rejected(request(0, 4096 * 256 + 1, 4096),
+                  "VerifyRequest covers 257 chunks, the limit is 256 per request");
+}
+
+TEST(ProtocolDecodeTest, RejectsBadVerifyReplies) {
+  Bytes b = encoded(VerifyReply{4096, 4096, {1, 2, 3}});
+  put_le(b, kHeaderSize + 8, 4097, 8);
+  expect_rejected(b, "VerifyReply.chunk_size is 4097");
+  b = encoded(VerifyReply{4096, 4096, {1, 2, 3}});
+  put_le(b, kHeaderSize, 2048, 8);
+  expect_rejected(b, "VerifyReply.offset 2048 is not a multiple of the chunk size 4096");
+  b = encoded(VerifyReply{4096, 4096, {1}});
+  put_le(b, kHeaderSize + 16, 0, 4);
+  b.resize(b.size() - 8);
+  fix_length(b);
+  expect_rejected(b, "VerifyReply.hashes: count is 0, must be 1..256");
+  put_le(b, kHeaderSize + 16, 257, 4);
+  expect_rejected(b, "count is 257");
+}
+
+// --- verify helpers ----------------------------------------------------------
+
+TEST(VerifyHelpersTest, ChunkCountAndSplit) {
+  EXPECT_EQ(chunk_count(1, 4096), 1u);
+  EXPECT_EQ(chunk_count(4096, 4096), 1u);
+  EXPECT_EQ(chunk_count(4097, 4096), 2u);
+  EXPECT_EQ(chunk_count(kMax64, 1u << 20), (kMax64 >> 20) + 1);
+
+  auto parts = split_verify(4096, 4096 * 600 + 10, 4096);
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(parts[0], (VerifyRequest{4096, 4096 * 256, 4096}));
+  EXPECT_EQ(parts[1], (VerifyRequest{4096 + 4096 * 256, 4096 * 256, 4096}));
+  EXPECT_EQ(parts[2], (VerifyRequest{4096 + 4096 * 512, 4096 * 88 + 10, 4096}));
+  for (const auto& part : parts) EXPECT_TRUE(decode(encoded(part)).ok());
+  EXPECT_TRUE(split_verify(0, 0, 4096).empty());
+}
+
+TEST(VerifyHelpersTest, CheckVerifyRequestAgainstRegion) {
+  EXPECT_TRUE(check_verify_request({0, 8192, 4096}, 8192).ok());
+  EXPECT_TRUE(check_verify_request({4096, 100, 4096}, 8192).ok());
+  Status s = check_verify_request({4096, 8192, 4096}, 8192);
+  EXPECT_EQ(s.code(), Errc::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("ends beyond the volume's 8192 bytes"));
+  EXPECT_FALSE(check_verify_request({16384, 1, 4096}, 8192).ok());
+}
+
+TEST(VerifyHelpersTest, HashChunksIsXxh3OfEachChunk) {
+  Bytes data(10000);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::byte>(i * 7 + i / 4096);
+  auto hashes = hash_chunks(data, 4096);
+  ASSERT_EQ(hashes.size(), 3u);
+  EXPECT_EQ(hashes[0], XXH3_64bits(data.data(), 4096));
+  EXPECT_EQ(hashes[1], XXH3_64bits(data.data() + 4096, 4096));
+  EXPECT_EQ(hashes[2], XXH3_64bits(data.data() + 8192, 10000 - 8192));  // the short tail
+  EXPECT_NE(hashes[0], hashes[1]);
+  EXPECT_TRUE(hash_chunks({}, 4096).empty());
 }
 
 // --- encode refuses what decode would refuse -------------------------------
@@ -486,6 +745,18 @@ TEST(ProtocolEncodeTest, RefusesMessagesOutsideTheLimits) {
 
   PersistRequest p{1, 1, {{kMax64, 1}}};
   EXPECT_THAT(encode(p, out).message(), HasSubstr("overflows 64 bits"));
+
+  VolumeDescriptor d;
+  d.activity_extent_size = 1;
+  d.activity_extents.resize(kMaxActivityExtents + 1);
+  for (size_t i = 0; i < d.activity_extents.size(); ++i) d.activity_extents[i] = i;
+  EXPECT_THAT(encode(d, out).message(), HasSubstr("activity_extents: count is 65"));
+  EXPECT_THAT(encode(SetGeneration{1, 2}, out).message(), HasSubstr("undefined bits 0x2"));
+  EXPECT_THAT(encode(VerifyRequest{0, 1, 1000}, out).message(), HasSubstr("chunk_size is 1000"));
+  EXPECT_THAT(encode(VerifyReply{0, 4096, {}}, out).message(), HasSubstr("count is 0"));
+  EXPECT_THAT(
+      encode(VerifyReply{0, 4096, std::vector<uint64_t>(kMaxVerifyChunks + 1)}, out).message(),
+      HasSubstr("count is 257"));
 }
 
 // --- mutation fuzzing ------------------------------------------------------
@@ -507,7 +778,7 @@ TEST(ProtocolFuzzTest, MutatedBuffersFailOrReencodeIdentically) {
       if (b.size() >= 8 && gen.below(2)) {
         put_le(b, 0, kMagic, 4);
         put_le(b, 4, kVersion, 2);
-        put_le(b, 6, 1 + gen.below(12), 2);
+        put_le(b, 6, 1 + gen.below(std::variant_size_v<Message>), 2);
       }
     } else {
       b = encoded(gen.message());

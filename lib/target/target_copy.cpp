@@ -1,0 +1,136 @@
+// The copy's side of the target: the writer claim (sessions and operator
+// commands exclude each other), opening the copy's metadata pool, and how
+// status shows it.
+#include <cstdio>
+
+#include "target/target_internal.h"
+
+namespace pmirror::target {
+
+void WriterClaim::release() {
+  if (volume_ == nullptr) return;
+  {
+    std::lock_guard lock(volume_->mutex);
+    if (command_) {
+      volume_->admin.clear();
+    } else {
+      volume_->writer.clear();
+      volume_->writer_leaving = false;
+    }
+  }
+  volume_->writer_released.notify_all();
+  volume_ = nullptr;
+}
+
+void WriterClaim::leaving() {
+  if (volume_ == nullptr || command_) return;
+  std::lock_guard lock(volume_->mutex);
+  volume_->writer_leaving = true;
+}
+
+bool WriterClaim::try_claim(ServedVolume& volume, const std::string& who, std::string& holder) {
+  std::unique_lock lock(volume.mutex);
+  volume.writer_released.wait_for(lock, std::chrono::seconds(5), [&] {
+    return (volume.writer.empty() || !volume.writer_leaving) && volume.admin.empty();
+  });
+  if (!volume.admin.empty()) {
+    holder = volume.admin;
+    return false;
+  }
+  if (!volume.writer.empty()) {
+    holder = volume.writer;
+    return false;
+  }
+  volume.writer = who;
+  volume_ = &volume;
+  command_ = false;
+  return true;
+}
+
+Status WriterClaim::claim_for_command(ServedVolume& volume, const std::string& command, bool evict,
+                                      const std::string& evict_reason,
+                                      std::chrono::milliseconds wait) {
+  const std::string& name = volume.config.name;
+  std::unique_lock lock(volume.mutex);
+  if (!volume.admin.empty()) {
+    return Status(Errc::kBusy, "volume '" + name + "' is busy: " + volume.admin +
+                                   " is under way; try again when it has finished");
+  }
+  // A session refused after claiming (say, because the copy is promoted)
+  // lets go within moments: give it that long before calling it a writer.
+  volume.writer_released.wait_for(lock, std::chrono::milliseconds(500),
+                                  [&] { return volume.writer.empty(); });
+  if (!volume.writer.empty() && !volume.writer_leaving) {
+    if (!evict) {
+      return Status(Errc::kBusy, "volume '" + name + "' has a writer: " + volume.writer +
+                                     " is still connected as primary; stop it first, or use "
+                                     "--force, which ends that session");
+    }
+    volume.evict_reason = evict_reason;
+    volume.evict = true;
+  }
+  volume.admin = command;  // from here on, no new session claims the volume
+  bool released =
+      volume.writer_released.wait_for(lock, wait, [&] { return volume.writer.empty(); });
+  volume.evict = false;
+  if (!released) {
+    std::string writer = volume.writer;
+    volume.admin.clear();
+    lock.unlock();
+    volume.writer_released.notify_all();
+    return Status(Errc::kBusy, "volume '" + name + "': the session of " + writer +
+                                   " did not end within " + std::to_string(wait.count()) +
+                                   " ms; try again");
+  }
+  volume_ = &volume;
+  command_ = true;
+  return Status::Ok();
+}
+
+metadata::CopyMetadata::Options metadata_options(const ServedVolume& volume, bool create) {
+  metadata::CopyMetadata::Options options;
+  options.path = volume.config.metadata_path.empty()
+                     ? metadata::default_metadata_path(volume.config.path, volume.config.name)
+                     : volume.config.metadata_path;
+  options.volume_size = volume.region->size();
+  options.chunk_size = volume.config.chunk;
+  options.create_if_missing = create;
+  return options;
+}
+
+Result<std::unique_ptr<metadata::CopyMetadata>> open_copy_metadata(const ServedVolume& volume,
+                                                                   const std::string& node,
+                                                                   bool create) {
+  auto options = metadata_options(volume, create);
+  auto opened = metadata::CopyMetadata::open(options);
+  if (opened.ok()) return opened;
+  const std::string& name = volume.config.name;
+  if (opened.status().code() == Errc::kBusy) {
+    return Status(Errc::kBusy, "the copy of volume '" + name + "' on node " + node +
+                                   " is open as primary by a process on that node (metadata "
+                                   "pool " +
+                                   options.path + " is locked)");
+  }
+  return opened.status().with_context("volume '" + name + "' on node " + node);
+}
+
+std::string hex16(uint64_t value) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(value));
+  return buf;
+}
+
+nlohmann::json copy_json(const metadata::CopyInfo& info) {
+  nlohmann::json history = nlohmann::json::array();
+  for (uint64_t g : info.generations.history) {
+    if (g != 0) history.push_back(hex16(g));
+  }
+  return {{"uuid", metadata::uuid_to_string(info.uuid)},
+          {"generation", hex16(info.generations.current)},
+          {"history", std::move(history)},
+          {"consistent", info.consistent},
+          {"promoted", info.promoted},
+          {"clean", info.clean}};
+}
+
+}  // namespace pmirror::target

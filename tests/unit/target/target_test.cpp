@@ -1,0 +1,513 @@
+// An in-process Target on tcp loopback, driven by a raw session (the
+// protocol messages by hand, no libpmirror): the copy's metadata in the
+// VolumeDescriptor, SetGeneration, VerifyRequest, split-brain reports, and
+// promote/demote.
+#include "target/target.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <vector>
+
+#include "auth/auth.h"
+#include "metadata/metadata.h"
+#include "protocol/protocol.h"
+#include "session/session.h"
+#include "transport/transport.h"
+
+namespace pmirror::target {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+
+constexpr uint64_t kVolumeSize = 16ull << 20;  // four activity extents
+constexpr const char* kSecret = "s3cret";
+
+std::string hex16(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout = 5s) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (done()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return done();
+}
+
+// One initiator's side of a session, by hand.
+struct Client {
+  std::unique_ptr<transport::Connection> connection;
+  std::unique_ptr<session::Messenger> messenger;
+  protocol::VolumeDescriptor descriptor;
+
+  Status send(const protocol::Message& m) { return messenger->send(m); }
+  Result<protocol::Message> receive(std::string_view what) {
+    return messenger->receive(5000ms, what);
+  }
+  template <typename T>
+  T expect(std::string_view what) {
+    auto got = receive(what);
+    EXPECT_TRUE(got.ok()) << got.status().to_string();
+    if (!got.ok()) return T{};
+    const T* m = std::get_if<T>(&*got);
+    EXPECT_NE(m, nullptr) << "got " << protocol::type_name(protocol::type_of(*got));
+    return m != nullptr ? *m : T{};
+  }
+};
+
+Result<Client> open_session(uint16_t port, const std::string& volume = "v1",
+                            const std::string& identity = "app") {
+  Client c;
+  PMIRROR_ASSIGN_OR_RETURN(c.connection, transport::connect(transport::Kind::kTcp, "127.0.0.1",
+                                                            port, transport::ConnectionOptions{}));
+  c.messenger = std::make_unique<session::Messenger>(*c.connection);
+  protocol::Hello hello;
+  hello.volume = volume;
+  hello.identity = identity;
+  PMIRROR_ASSIGN_OR_RETURN(hello.client_nonce, auth::random_nonce());
+  PMIRROR_RETURN_IF_ERROR(c.send(hello));
+  PMIRROR_ASSIGN_OR_RETURN(auto challenge_message, c.receive("Challenge"));
+  auto* challenge = std::get_if<protocol::Challenge>(&challenge_message);
+  if (challenge == nullptr) return Status(Errc::kProtocolError, "expected Challenge");
+  auth::SessionContext context{volume, identity, hello.client_nonce, challenge->server_nonce};
+  PMIRROR_RETURN_IF_ERROR(c.send(protocol::AuthResponse{auth::initiator_proof(kSecret, context)}));
+  PMIRROR_ASSIGN_OR_RETURN(auto descriptor_message, c.receive("VolumeDescriptor"));
+  auto* descriptor = std::get_if<protocol::VolumeDescriptor>(&descriptor_message);
+  if (descriptor == nullptr) return Status(Errc::kProtocolError, "expected VolumeDescriptor");
+  if (!auth::macs_equal(descriptor->mac, auth::target_proof(kSecret, context))) {
+    return Status(Errc::kPermissionDenied, "target proof wrong");
+  }
+  c.descriptor = *descriptor;
+  return c;
+}
+
+class TargetTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    spdlog::set_level(spdlog::level::warn);
+    std::string templ = (fs::temp_directory_path() / "pmirror-target-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(templ.data()), nullptr) << std::strerror(errno);
+    dir_ = templ;
+    data_path_ = (dir_ / "v1.img").string();
+    metadata_path_ = data_path_ + ".pmirror";  // the default path
+
+    config_.node = "b";
+    config_.listen_address = "127.0.0.1";
+    config_.port = 0;
+    config_.transport = transport::Kind::kTcp;
+    config_.state_pool = (dir_ / "state.pool").string();
+    config::VolumeConfig volume;
+    volume.name = "v1";
+    volume.path = data_path_;
+    volume.size = kVolumeSize;
+    volume.create = true;
+    volume.allowed_peers = {"app"};
+    volume.secret = kSecret;
+    volume.chunk = 64 * 1024;
+    volume.primary = "a";
+    volume.peers = {"a", "c"};
+    config_.volumes.push_back(volume);
+  }
+
+  void TearDown() override {
+    stop();
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  // Fills the volume's file with a pattern no two chunks share.
+  void write_pattern() {
+    std::vector<char> bytes(kVolumeSize);
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 31 + i / 4093);
+    std::ofstream out(data_path_, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    ASSERT_TRUE(out.good());
+  }
+
+  std::vector<std::byte> file_bytes() {
+    std::ifstream in(data_path_, std::ios::binary);
+    std::vector<char> bytes(kVolumeSize);
+    in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    std::vector<std::byte> out(bytes.size());
+    std::memcpy(out.data(), bytes.data(), bytes.size());
+    return out;
+  }
+
+  void start() {
+    TargetOptions options;
+    options.session_timeout = 10s;
+    options.handshake_timeout = 5s;
+    options.on_event = [this](const supervisor::StateChange& change) {
+      std::lock_guard lock(events_mutex_);
+      events_.push_back(change);
+    };
+    auto started = Target::start(config_, options);
+    ASSERT_TRUE(started.ok()) << started.status().to_string();
+    target_ = std::move(started).value();
+    runner_ = std::thread([this] { run_status_ = target_->run(); });
+  }
+
+  void stop() {
+    if (target_ == nullptr) return;
+    target_->stop();
+    if (runner_.joinable()) runner_.join();
+    EXPECT_TRUE(run_status_.ok()) << run_status_.to_string();
+    target_.reset();
+  }
+
+  nlohmann::json volume_status() {
+    auto status = nlohmann::json::parse(target_->status_json());
+    return status["volumes"][0];
+  }
+
+  // Waits until no session holds the volume (the last one has closed its
+  // metadata and released the claim).
+  bool wait_no_writer() {
+    return wait_until([this] { return target_->status()[0].writer.empty(); });
+  }
+
+  std::unique_ptr<metadata::CopyMetadata> open_metadata() {
+    metadata::CopyMetadata::Options options;
+    options.path = metadata_path_;
+    options.volume_size = kVolumeSize;
+    options.chunk_size = 64 * 1024;
+    options.create_if_missing = true;
+    auto md = metadata::CopyMetadata::open(options);
+    EXPECT_TRUE(md.ok()) << md.status().to_string();
+    return md.ok() ? std::move(md).value() : nullptr;
+  }
+
+  // A session that adopts `generation` as consistent, then says Goodbye.
+  void adopt(uint64_t generation, bool consistent = true) {
+    auto client = open_session(target_->port());
+    ASSERT_TRUE(client.ok()) << client.status().to_string();
+    ASSERT_TRUE(client
+                    ->send(protocol::SetGeneration{
+                        generation, consistent ? protocol::kGenerationConsistent : 0u})
+                    .ok());
+    auto ack = client->expect<protocol::GenerationAck>("GenerationAck");
+    EXPECT_EQ(ack.generation, generation);
+    ASSERT_TRUE(client->send(protocol::Goodbye{}).ok());
+    // The Goodbye leaves before the connection is dropped; the target may
+    // close its end first, which fails the wait harmlessly.
+    (void)client->messenger->wait_sends(2000ms);
+    ASSERT_TRUE(wait_no_writer());
+  }
+
+  fs::path dir_;
+  std::string data_path_;
+  std::string metadata_path_;
+  config::DaemonConfig config_;
+  std::unique_ptr<Target> target_;
+  std::thread runner_;
+  Status run_status_;
+  std::mutex events_mutex_;
+  std::vector<supervisor::StateChange> events_;
+};
+
+TEST_F(TargetTest, StartCreatesTheCopyMetadataAndStatusShowsIt) {
+  start();
+  EXPECT_TRUE(fs::exists(metadata_path_));
+  auto copy = volume_status()["copy"];
+  EXPECT_EQ(copy["generation"], "0000000000000000");
+  EXPECT_EQ(copy["history"], nlohmann::json::array());
+  EXPECT_EQ(copy["consistent"], true);
+  EXPECT_EQ(copy["promoted"], false);
+  EXPECT_EQ(copy["clean"], true);
+  EXPECT_EQ(copy["uuid"].get<std::string>().size(), 36u);
+}
+
+TEST_F(TargetTest, DescriptorCarriesTheCopysState) {
+  start();
+  auto client = open_session(target_->port());
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  const auto& d = client->descriptor;
+  EXPECT_EQ(d.region_size, kVolumeSize);
+  EXPECT_EQ(d.data_generation, 0u);
+  EXPECT_EQ(d.copy_flags, protocol::kCopyConsistent);
+  EXPECT_EQ(d.activity_extent_size, metadata::kActivityExtent);
+  EXPECT_TRUE(d.activity_extents.empty());
+  // While the session runs, status reads the session's own handle.
+  auto copy = volume_status()["copy"];
+  EXPECT_EQ(copy["uuid"], metadata::uuid_to_string(d.copy_uuid));
+  ASSERT_TRUE(client->send(protocol::Goodbye{}).ok());
+  ASSERT_TRUE(wait_no_writer());
+  // Closed between sessions: the test (a "local primary") can open it.
+  auto md = open_metadata();
+  ASSERT_NE(md, nullptr);
+  EXPECT_EQ(md->info().uuid, d.copy_uuid);
+}
+
+TEST_F(TargetTest, SetGenerationIsRecordedInTheCopy) {
+  start();
+  auto client = open_session(target_->port());
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  const uint64_t g1 = 0x1111222233334444, g2 = 0x5555666677778888;
+  ASSERT_TRUE(client->send(protocol::SetGeneration{g1, 0}).ok());  // resync starts
+  EXPECT_EQ(client->expect<protocol::GenerationAck>("GenerationAck").generation, g1);
+  auto copy = volume_status()["copy"];
+  EXPECT_EQ(copy["generation"], hex16(g1));
+  EXPECT_EQ(copy["consistent"], false);
+  ASSERT_TRUE(client->send(protocol::SetGeneration{g1, protocol::kGenerationConsistent}).ok());
+  EXPECT_EQ(client->expect<protocol::GenerationAck>("GenerationAck").generation, g1);
+  ASSERT_TRUE(client->send(protocol::SetGeneration{g2, protocol::kGenerationConsistent}).ok());
+  EXPECT_EQ(client->expect<protocol::GenerationAck>("GenerationAck").generation, g2);
+  ASSERT_TRUE(client->send(protocol::Goodbye{}).ok());
+  ASSERT_TRUE(wait_no_writer());
+
+  auto md = open_metadata();
+  ASSERT_NE(md, nullptr);
+  auto info = md->info();
+  EXPECT_EQ(info.generations.current, g2);
+  EXPECT_EQ(info.generations.history[0], g1);
+  EXPECT_TRUE(info.consistent);
+  md.reset();
+
+  // The next session's descriptor says so.
+  auto again = open_session(target_->port());
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ(again->descriptor.data_generation, g2);
+  EXPECT_EQ(again->descriptor.generation_history[0], g1);
+  EXPECT_EQ(again->descriptor.generation_history[1], 0u);
+}
+
+TEST_F(TargetTest, UncleanCopyReportsItsActivityLogUntilInSync) {
+  {
+    // This copy was a primary that crashed with two extents in flight and a
+    // peer it tracked.
+    auto md = open_metadata();
+    ASSERT_NE(md, nullptr);
+    ASSERT_TRUE(md->adopt_generation(0xabc, true).ok());
+    ASSERT_TRUE(md->peer("c").ok());
+    ASSERT_TRUE(md->set_clean(false).ok());
+    auto logged =
+        md->activity_begin(3 * metadata::kActivityExtent - 1, 2, [](uint64_t) { return false; });
+    ASSERT_TRUE(logged.ok()) << logged.status().to_string();
+  }
+  start();
+  auto client = open_session(target_->port());
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  const auto& d = client->descriptor;
+  EXPECT_EQ(d.copy_flags, protocol::kCopyConsistent | protocol::kCopyUnclean);
+  EXPECT_EQ(d.activity_extent_size, metadata::kActivityExtent);
+  EXPECT_EQ(d.activity_extents, (std::vector<uint64_t>{2, 3}));
+  EXPECT_EQ(d.data_generation, 0xabcu);
+  EXPECT_EQ(volume_status()["copy"]["clean"], false);
+
+  // The new primary resynced those extents: the copy is a plain replica now.
+  ASSERT_TRUE(client->send(protocol::SetGeneration{0xdef, protocol::kGenerationConsistent}).ok());
+  EXPECT_EQ(client->expect<protocol::GenerationAck>("GenerationAck").generation, 0xdefu);
+  ASSERT_TRUE(client->send(protocol::Goodbye{}).ok());
+  ASSERT_TRUE(wait_no_writer());
+  auto md = open_metadata();
+  ASSERT_NE(md, nullptr);
+  EXPECT_TRUE(md->info().clean);
+  EXPECT_TRUE(md->activity_extents().empty());
+  EXPECT_TRUE(md->peers().empty());
+}
+
+TEST_F(TargetTest, VerifyHashesEachChunkOfTheRegion) {
+  write_pattern();
+  start();
+  auto client = open_session(target_->port());
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  const auto bytes = file_bytes();
+
+  // The whole volume in 64 KiB chunks: 256, the most one request may cover.
+  ASSERT_TRUE(client->send(protocol::VerifyRequest{0, kVolumeSize, 64 * 1024}).ok());
+  auto reply = client->expect<protocol::VerifyReply>("VerifyReply");
+  EXPECT_EQ(reply.offset, 0u);
+  EXPECT_EQ(reply.chunk_size, 64u * 1024);
+  ASSERT_EQ(reply.hashes.size(), 256u);
+  for (size_t i = 0; i < reply.hashes.size(); ++i) {
+    ASSERT_EQ(reply.hashes[i], XXH3_64bits(bytes.data() + i * 65536, 65536)) << "chunk " << i;
+  }
+
+  // A range whose last chunk is short.
+  const uint64_t offset = 1 << 20, length = 100000;
+  ASSERT_TRUE(client->send(protocol::VerifyRequest{offset, length, 4096}).ok());
+  reply = client->expect<protocol::VerifyReply>("VerifyReply");
+  ASSERT_EQ(reply.hashes.size(), 25u);
+  EXPECT_EQ(reply.hashes[0], XXH3_64bits(bytes.data() + offset, 4096));
+  EXPECT_EQ(reply.hashes[24], XXH3_64bits(bytes.data() + offset + 24 * 4096, length - 24 * 4096));
+
+  // Beyond the region: refused, the session ends.
+  ASSERT_TRUE(client->send(protocol::VerifyRequest{kVolumeSize - 4096, 8192, 4096}).ok());
+  auto refused = client->receive("VerifyReply");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Errc::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("ends beyond the volume's"));
+}
+
+TEST_F(TargetTest, SplitBrainReportEndsTheSessionAsSplitBrain) {
+  start();
+  auto client = open_session(target_->port());
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  const std::string text = "split brain: node a and node b both moved on from generation 1";
+  ASSERT_TRUE(client->send(protocol::ErrorReply{Errc::kSplitBrain, text}).ok());
+  ASSERT_TRUE(wait_no_writer());
+  auto peer = volume_status()["peers"][0];
+  EXPECT_EQ(peer["state"], "split-brain");
+  EXPECT_EQ(peer["reason"], text);
+  std::lock_guard lock(events_mutex_);
+  ASSERT_FALSE(events_.empty());
+  EXPECT_EQ(events_.back().to, supervisor::PeerState::kSplitBrain);
+  EXPECT_EQ(events_.back().reason, text);
+}
+
+TEST_F(TargetTest, PromoteIsRefusedWhileAWriterIsConnectedUnlessForced) {
+  start();
+  const uint64_t g = 0x77;
+  adopt(g);
+  auto client = open_session(target_->port());
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+
+  auto refused = target_->promote("v1", false);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Errc::kBusy);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("is still connected as primary; stop it first, or use --force"));
+
+  auto promoted = target_->promote("v1", true);
+  ASSERT_TRUE(promoted.ok()) << promoted.status().to_string();
+  EXPECT_EQ((*promoted)["volume"], "v1");
+  EXPECT_EQ((*promoted)["node"], "b");
+  EXPECT_EQ((*promoted)["previous"], hex16(g));
+  EXPECT_NE((*promoted)["generation"], hex16(g));
+  EXPECT_EQ((*promoted)["generation"].get<std::string>().size(), 16u);
+  EXPECT_EQ((*promoted)["promoted"], true);
+  EXPECT_EQ((*promoted)["forced"], true);
+
+  // The old primary's session was ended.
+  auto ended = client->receive("anything");
+  ASSERT_FALSE(ended.ok());
+  EXPECT_EQ(ended.status().code(), Errc::kClosed);
+  EXPECT_THAT(ended.status().message(), HasSubstr("volume 'v1' was promoted on node b"));
+
+  auto copy = volume_status()["copy"];
+  EXPECT_EQ(copy["promoted"], true);
+  EXPECT_EQ(copy["generation"], (*promoted)["generation"]);
+  EXPECT_EQ(copy["history"][0], hex16(g));
+}
+
+TEST_F(TargetTest, PromotedCopyRefusesSessionsUntilDemoted) {
+  start();
+  adopt(0x99);
+  auto promoted = target_->promote("v1", false);
+  ASSERT_TRUE(promoted.ok()) << promoted.status().to_string();
+  EXPECT_EQ((*promoted)["forced"], false);
+  EXPECT_EQ((*promoted)["already_promoted"], false);
+  uint64_t generation = std::stoull((*promoted)["generation"].get<std::string>(), nullptr, 16);
+  {
+    // The configured peers are tracked from the old generation on.
+    auto md = open_metadata();
+    ASSERT_NE(md, nullptr);
+    auto info = md->info();
+    EXPECT_TRUE(info.promoted);
+    EXPECT_TRUE(info.clean);
+    EXPECT_EQ(info.generations.current, generation);
+    auto peers = md->peers();
+    ASSERT_EQ(peers.size(), 2u);
+    EXPECT_EQ(peers[0].name, "a");
+    EXPECT_EQ(peers[1].name, "c");
+    EXPECT_EQ(peers[0].bitmap_generation, 0x99u);
+  }
+
+  auto refused = open_session(target_->port());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Errc::kBusy);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("volume 'v1' was promoted on node b and accepts no other primary; run "
+                        "`pmirrorctl demote v1` on b to make it a replica again"));
+
+  // Promoting again changes nothing.
+  auto again = target_->promote("v1", false);
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ((*again)["already_promoted"], true);
+  EXPECT_EQ((*again)["generation"], (*promoted)["generation"]);
+
+  auto demoted = target_->demote("v1");
+  ASSERT_TRUE(demoted.ok()) << demoted.status().to_string();
+  EXPECT_EQ(*demoted, (nlohmann::json{{"volume", "v1"},
+                                      {"node", "b"},
+                                      {"promoted", false},
+                                      {"generation", (*promoted)["generation"]}}));
+  auto accepted = open_session(target_->port());
+  ASSERT_TRUE(accepted.ok()) << accepted.status().to_string();
+  EXPECT_EQ(accepted->descriptor.data_generation, generation);
+  EXPECT_EQ(accepted->descriptor.generation_history[0], 0x99u);
+}
+
+TEST_F(TargetTest, PromoteRefusesAnEmptyOrInconsistentCopyUnlessForced) {
+  start();
+  auto empty = target_->promote("v1", false);
+  ASSERT_FALSE(empty.ok());
+  EXPECT_EQ(empty.status().code(), Errc::kFailedPrecondition);
+  EXPECT_THAT(empty.status().message(), HasSubstr("the copy never received data"));
+
+  adopt(0x42, /*consistent=*/false);  // a resync into the copy was interrupted
+  auto mixed = target_->promote("v1", false);
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_EQ(mixed.status().code(), Errc::kFailedPrecondition);
+  EXPECT_THAT(mixed.status().message(),
+              HasSubstr("the copy is inconsistent: a resync into it was interrupted; promoting "
+                        "it would serve mixed data (use --force to promote anyway)"));
+
+  auto forced = target_->promote("v1", true);
+  ASSERT_TRUE(forced.ok()) << forced.status().to_string();
+  EXPECT_EQ(volume_status()["copy"]["consistent"], true);
+}
+
+TEST_F(TargetTest, UnknownVolume) {
+  start();
+  auto promoted = target_->promote("nope", false);
+  EXPECT_EQ(promoted.status().code(), Errc::kNotFound);
+  EXPECT_THAT(promoted.status().message(), HasSubstr("no volume 'nope' on node b"));
+  EXPECT_EQ(target_->demote("nope").status().code(), Errc::kNotFound);
+}
+
+TEST_F(TargetTest, ALocalPrimaryHoldingTheCopyExcludesSessionsAndCommands) {
+  start();
+  auto primary = open_metadata();  // as libpmirror on this node would
+  ASSERT_NE(primary, nullptr);
+
+  auto refused = open_session(target_->port());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Errc::kBusy);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("the copy of volume 'v1' on node b is open as primary by a process on "
+                        "that node (metadata pool " +
+                        metadata_path_ + " is locked)"));
+  EXPECT_EQ(volume_status()["copy"], (nlohmann::json{{"in_use_by_local_primary", true}}));
+
+  auto promoted = target_->promote("v1", true);
+  EXPECT_EQ(promoted.status().code(), Errc::kBusy);
+  auto demoted = target_->demote("v1");
+  EXPECT_EQ(demoted.status().code(), Errc::kBusy);
+  EXPECT_THAT(demoted.status().message(),
+              HasSubstr("close the application using it as primary first"));
+
+  primary.reset();
+  auto accepted = open_session(target_->port());
+  EXPECT_TRUE(accepted.ok()) << accepted.status().to_string();
+}
+
+}  // namespace
+}  // namespace pmirror::target
