@@ -28,11 +28,19 @@ constexpr int kExitConfig = 2;      // config check found problems
 constexpr int kExitNotRunning = 3;  // nothing pmirror runs on this node
 constexpr int kExitPermission = 4;  // a socket or the runtime directory is not readable
 constexpr int kExitError = 5;       // anything else (timeout, bad reply, ...)
+constexpr int kExitMismatch = 6;    // verify: the copies differ
+constexpr int kExitRefused = 7;     // the process refused in its present state (busy, ...)
+
+// verify reads the whole volume on both sides: give it time.
+constexpr int kVerifyTimeoutMs = 10 * 60 * 1000;
+// promote/demote may wait for pmirrord to end a writer's session (10 s).
+constexpr int kRoleTimeoutMs = 30 * 1000;
 
 struct Global {
   std::string socket;
   std::string runtime_dir;
   int timeout_ms = 5000;
+  bool timeout_given = false;  // --timeout on the command line
 };
 
 // What asking every process gave.
@@ -241,6 +249,162 @@ class EventStream {
   std::map<std::string, std::unique_ptr<Source>> sources_;
 };
 
+// ---- commands: resync, verify (a primary's libpmirror), promote, demote
+// (pmirrord) ------------------------------------------------------------
+
+void print_json(const json& value) {
+  std::printf("%s\n", value.dump(2, ' ', false, json::error_handler_t::replace).c_str());
+}
+
+// The exit code for a failed command request, after printing why. Errors
+// of the connection come before the reply; the rest are the process's own
+// answer (docs/pmirrorctl.md#exit-status).
+int command_failed(const pmirror::Status& status) {
+  std::string message = status.message();
+  switch (status.code()) {
+    case Errc::kPermissionDenied:
+      note(message);
+      return kExitPermission;
+    case Errc::kNotFound:
+      note(message);
+      return kExitUsage;
+    case Errc::kInvalidArgument:
+      if (message.rfind("unknown command", 0) == 0) {
+        note(message + " (that process runs an older pmirror than this pmirrorctl)");
+        return kExitError;
+      }
+      note(message);
+      return kExitUsage;
+    case Errc::kBusy:
+    case Errc::kFailedPrecondition:
+    case Errc::kSplitBrain:
+    case Errc::kUnsupported:
+      note(message);
+      return kExitRefused;
+    default:
+      note(message);
+      return kExitError;
+  }
+}
+
+// The control socket of the process that has `volume` open as primary
+// (libpmirror), or the exit code after saying why there is none.
+struct Located {
+  std::string path;
+  int exit_code = kExitOk;
+};
+
+Located find_primary(const Global& global, const std::string& volume) {
+  std::chrono::milliseconds timeout(global.timeout_ms);
+  const json request = {{"command", "status"}};
+  bool permission = false, other = false;
+  std::vector<std::string> primaries;  // volumes open as primary, for the message
+  auto sockets = control::list_initiator_sockets(global.runtime_dir);
+  if (!sockets.ok()) {
+    note(sockets.status().message());
+    return {{}, sockets.status().code() == Errc::kPermissionDenied ? kExitPermission : kExitError};
+  }
+  size_t answered = 0;
+  for (const control::InitiatorSocket& socket : *sockets) {
+    auto status = control::request(socket.path, request, timeout);
+    if (!status.ok()) {
+      if (is_stale(status.status()) || status.status().code() == Errc::kInvalidArgument) continue;
+      note(status.status().message());
+      (status.status().code() == Errc::kPermissionDenied ? permission : other) = true;
+      continue;
+    }
+    ++answered;
+    if (control::has_primary_volume(*status, volume)) return {socket.path, kExitOk};
+    for (const std::string& name : control::volume_names(control::merge_status({*status}))) {
+      if (control::has_primary_volume(*status, name)) primaries.push_back(name);
+    }
+  }
+  if (permission) return {{}, kExitPermission};
+  if (other) return {{}, kExitError};
+  // pmirrord may hold the volume as a replica: then this is the wrong node.
+  auto daemon = control::request(global.socket, request, timeout);
+  bool replica_here = false;
+  if (daemon.ok()) {
+    for (const std::string& name : control::volume_names(control::merge_status({*daemon}))) {
+      replica_here = replica_here || name == volume;
+    }
+  }
+  if (replica_here) {
+    note("volume '" + volume +
+         "' is not open as primary on this node: pmirrord here holds a copy of it; run this "
+         "on the node where the application has it open");
+    return {{}, kExitUsage};
+  }
+  if (answered == 0 && !daemon.ok()) {
+    note(
+        "no process on this node has a volume open through libpmirror (no live initiator-PID.sock "
+        "in " +
+        global.runtime_dir + ")");
+    return {{}, kExitNotRunning};
+  }
+  std::string known;
+  for (const std::string& name : primaries) known += (known.empty() ? "" : ", ") + name;
+  note("no process on this node has volume '" + volume +
+       "' open as primary; open as primary here: " + (known.empty() ? "none" : known));
+  return {{}, kExitUsage};
+}
+
+int run_resync(const Global& global, const std::string& volume, const std::string& peer, bool full,
+               bool as_json) {
+  Located primary = find_primary(global, volume);
+  if (primary.exit_code != kExitOk) return primary.exit_code;
+  json request = {{"command", "resync"}, {"volume", volume}, {"peer", peer}, {"full", full}};
+  auto result =
+      control::request(primary.path, request, std::chrono::milliseconds(global.timeout_ms));
+  if (!result.ok()) return command_failed(result.status());
+  if (as_json) {
+    print_json(*result);
+  } else {
+    std::printf("%s\n", control::format_resync_human(*result).c_str());
+  }
+  return kExitOk;
+}
+
+int run_verify(const Global& global, const std::string& volume, const std::string& peer,
+               bool mark_dirty, bool as_json) {
+  Located primary = find_primary(global, volume);
+  if (primary.exit_code != kExitOk) return primary.exit_code;
+  json request = {{"command", "verify"}, {"volume", volume}, {"mark_dirty", mark_dirty}};
+  if (!peer.empty()) request["peer"] = peer;
+  int timeout_ms = global.timeout_given ? global.timeout_ms : kVerifyTimeoutMs;
+  auto result = control::request(primary.path, request, std::chrono::milliseconds(timeout_ms));
+  if (!result.ok()) return command_failed(result.status());
+  if (as_json) {
+    print_json(*result);
+  } else {
+    std::fputs(control::format_verify_human(*result).c_str(), stdout);
+  }
+  if (control::verify_mismatches(*result) > 0) return kExitMismatch;
+  if (control::verify_failures(*result) > 0) return kExitError;
+  return kExitOk;
+}
+
+// promote / demote, to pmirrord.
+int run_role(const Global& global, const json& request, bool as_json) {
+  std::chrono::milliseconds timeout(global.timeout_given ? global.timeout_ms : kRoleTimeoutMs);
+  if (pmirror::Status live =
+          control::probe(global.socket, std::chrono::milliseconds(global.timeout_ms));
+      !live.ok()) {
+    note(live.message());
+    if (live.code() == Errc::kPermissionDenied) return kExitPermission;
+    if (is_stale(live)) return kExitNotRunning;
+    return kExitError;
+  }
+  auto result = control::request(global.socket, request, timeout);
+  if (!result.ok()) return command_failed(result.status());
+  if (as_json) {
+    print_json(*result);
+  } else {
+    std::printf("%s\n", control::format_promote_human(*result).c_str());
+  }
+  return kExitOk;
+}
+
 int run_config_check(const std::string& file, const std::string& node) {
   std::vector<std::string> problems = pmirror::config::check_cluster_file(file, node);
   if (problems.empty()) {
@@ -256,15 +420,19 @@ int run_config_check(const std::string& file, const std::string& node) {
 
 int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
-  CLI::App app{"pmirrorctl: shows what pmirror does on this node; checks cluster files"};
+  CLI::App app{
+      "pmirrorctl: shows what pmirror does on this node, resyncs, verifies, promotes; checks "
+      "cluster files"};
   app.require_subcommand(1);
   Global global;
   app.add_option("--socket", global.socket,
                  "pmirrord's control socket (default: RUNTIME_DIR/pmirrord.sock)");
   app.add_option("--runtime-dir", global.runtime_dir,
                  "where control sockets live (default: $PMIRROR_RUNTIME_DIR, else /run/pmirror)");
-  app.add_option("--timeout", global.timeout_ms, "milliseconds to wait for each process")
-      ->check(CLI::Range(1, 600000))
+  app.add_option("--timeout", global.timeout_ms,
+                 "milliseconds to wait for each process (unless given: verify 600000, "
+                 "promote/demote 30000)")
+      ->check(CLI::Range(1, 86400000))
       ->capture_default_str();
 
   std::optional<std::string> volume;
@@ -288,16 +456,54 @@ int main(int argc, char** argv) {
   check->add_option("FILE", config_file, "the cluster file")->required();
   check->add_option("--node", node, "check as this node (default: the one matching the host name)");
 
+  std::string command_volume, peer;
+  bool full = false, mark_dirty = false, force = false, command_json = false;
+  auto* resync = app.add_subcommand(
+      "resync", "copy a replica's dirty chunks (or with --full everything) to it now");
+  resync->add_option("VOLUME", command_volume, "a volume open as primary on this node")->required();
+  resync->add_option("--peer", peer, "the replica's node name")->required();
+  resync->add_flag("--full", full, "copy the whole volume, not only the dirty chunks");
+  resync->add_flag("--json", command_json, "print the reply as JSON (docs/control.md)");
+
+  auto* verify = app.add_subcommand(
+      "verify", "compare the primary's copy with the replicas (exit code 6 if they differ)");
+  verify->add_option("VOLUME", command_volume, "a volume open as primary on this node")->required();
+  verify->add_option("--peer", peer, "only this replica (default: every connected one)");
+  verify->add_flag("--mark-dirty", mark_dirty,
+                   "mark mismatching chunks dirty, so that a resync copies them");
+  verify->add_flag("--json", command_json, "print the reply as JSON (docs/control.md)");
+
+  auto* promote = app.add_subcommand(
+      "promote", "make this node's copy of a volume the primary one (asks pmirrord)");
+  promote->add_option("VOLUME", command_volume, "a volume pmirrord holds on this node")->required();
+  promote->add_flag("--force", force,
+                    "even while the old primary is connected, or the copy is inconsistent");
+  promote->add_flag("--json", command_json, "print the reply as JSON (docs/control.md)");
+
+  auto* demote = app.add_subcommand("demote", "make this node's copy a replica again");
+  demote->add_option("VOLUME", command_volume, "a volume pmirrord holds on this node")->required();
+  demote->add_flag("--json", command_json, "print the reply as JSON (docs/control.md)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? kExitOk : kExitUsage;
   }
+  global.timeout_given = app.count("--timeout") > 0;
   if (global.runtime_dir.empty()) global.runtime_dir = control::runtime_dir();
   if (global.socket.empty()) global.socket = control::daemon_socket_path(global.runtime_dir);
 
   if (status->parsed()) return run_status(global, volume, as_json);
   if (events->parsed()) return EventStream(global, events_json, count).run();
   if (check->parsed()) return run_config_check(config_file, node);
+  if (resync->parsed()) return run_resync(global, command_volume, peer, full, command_json);
+  if (verify->parsed()) return run_verify(global, command_volume, peer, mark_dirty, command_json);
+  if (promote->parsed()) {
+    return run_role(global, {{"command", "promote"}, {"volume", command_volume}, {"force", force}},
+                    command_json);
+  }
+  if (demote->parsed()) {
+    return run_role(global, {{"command", "demote"}, {"volume", command_volume}}, command_json);
+  }
   return kExitUsage;
 }

@@ -29,6 +29,12 @@ namespace {
 
 constexpr size_t kMaxNameLength = 64;
 constexpr uint64_t kPageSize = 4096;
+// A dirty bit stands for one chunk (metadata::kMinChunk..kMaxChunk).
+constexpr uint64_t kMinChunk = 4096;
+constexpr uint64_t kMaxChunk = 1ull << 20;
+// Below this a resync of any real volume would take days: a typo (100/s
+// for 100MiB/s) rather than a wish.
+constexpr uint64_t kMinResyncRate = 1ull << 20;
 
 constexpr std::string_view kTopKeys[] = {"cluster", "daemon", "nodes", "volumes"};
 constexpr std::string_view kClusterKeys[] = {"name"};
@@ -39,8 +45,9 @@ constexpr std::string_view kNodeKeys[] = {"name",           "address",   "port",
                                           "transport",      "listen",    "state_pool",
                                           "control_socket", "log_level", "metrics"};
 constexpr std::string_view kVolumeKeys[] = {
-    "name",   "size",          "primary", "replicas",    "ack", "on_insufficient", "path", "paths",
-    "create", "allowed_peers", "secret",  "secret_file", "apm"};
+    "name", "size",  "primary",     "replicas",          "ack",     "on_insufficient",
+    "path", "paths", "create",      "allowed_peers",     "secret",  "secret_file",
+    "apm",  "chunk", "resync_rate", "after_split_brain", "metadata"};
 constexpr std::string_view kLogLevels[] = {"trace", "debug",    "info", "warn",
                                            "error", "critical", "off"};
 
@@ -81,6 +88,22 @@ size_t edit_distance(std::string_view a, std::string_view b) {
     }
   }
   return row[b.size()];
+}
+
+// The allowed key `name` was probably meant as: one at most two edits
+// away, else one that `name` starts with (chunk_size -> chunk,
+// metadata_path -> metadata); empty if none.
+std::string similar_key(std::string_view name, std::span<const std::string_view> allowed) {
+  for (auto candidate : allowed) {
+    if (edit_distance(name, candidate) <= 2) return std::string(candidate);
+  }
+  for (auto candidate : allowed) {
+    if (candidate.size() >= 4 && name.size() > candidate.size() &&
+        name.substr(0, candidate.size()) == candidate) {
+      return std::string(candidate);
+    }
+  }
+  return {};
 }
 
 // Node, volume and identity names travel in the protocol and appear in logs
@@ -216,11 +239,8 @@ class Parser {
       const std::string& name = key.Scalar();
       if (std::find(allowed.begin(), allowed.end(), name) == allowed.end()) {
         std::string problem = "unknown key '" + name + "'";
-        for (auto candidate : allowed) {
-          if (edit_distance(name, candidate) <= 2) {
-            problem += " (did you mean '" + std::string(candidate) + "'?)";
-            break;
-          }
+        if (auto hint = similar_key(name, allowed); !hint.empty()) {
+          problem += " (did you mean '" + hint + "'?)";
         }
         problem += "; allowed keys: " + join(allowed);
         error(key.Mark(), context, problem);
@@ -751,6 +771,7 @@ class Parser {
       }
     }
     std::vector<std::string> participants;
+    std::map<std::string, YAML::Mark> data_marks;  // node -> where its path was given
     if (primary_ok) participants.push_back(volume.primary);
     participants.insert(participants.end(), volume.replicas.begin(), volume.replicas.end());
     for (const auto& node : participants) {
@@ -782,7 +803,13 @@ class Parser {
       }
       volume.paths[node] = chosen.first;
       volume.path_at[node] = at;
+      data_marks[node] = chosen.second;
+      files_.push_back({node, normal, chosen.first, chosen.second, context + ".paths." + node,
+                        "volume " + volume.name});
     }
+
+    parse_metadata(find(keys, "metadata"), context, config, volume, participants, data_marks,
+                   primary_ok && replicas_ok, paths_seen);
 
     if (auto* e = find(keys, "create")) {
       if (auto v = boolean(*e, context + ".create")) volume.create = *v;
@@ -829,7 +856,148 @@ class Parser {
         volume.apm = *v == "on" ? ApmPolicy::kOn : *v == "off" ? ApmPolicy::kOff : ApmPolicy::kAuto;
       }
     }
+
+    if (auto* e = find(keys, "chunk")) {
+      std::string key_context = context + ".chunk";
+      if (auto text = scalar(*e, key_context, "a size such as 64KiB")) {
+        if (auto size = parse_size(*text); !size.ok()) {
+          error(e->value_mark(), key_context, size.status().message());
+        } else if (*size < kMinChunk || *size > kMaxChunk) {
+          error(e->value_mark(), key_context,
+                "'" + *text +
+                    "' is outside 4KiB..1MiB; one dirty bit stands for one chunk: smaller "
+                    "chunks copy less after an outage, larger ones keep the bitmap small");
+        } else if ((*size & (*size - 1)) != 0) {
+          error(e->value_mark(), key_context,
+                "'" + *text + "' is " + std::to_string(*size) +
+                    " bytes, not a power of two (e.g. 16KiB, 64KiB, 256KiB)");
+        } else {
+          volume.chunk = *size;
+        }
+      }
+    }
+    if (auto* e = find(keys, "resync_rate")) {
+      std::string key_context = context + ".resync_rate";
+      if (auto text = scalar(*e, key_context, "a rate such as 100MiB/s, or unlimited")) {
+        if (auto rate = parse_rate(*text); !rate.ok()) {
+          error(e->value_mark(), key_context, rate.status().message());
+        } else if (*rate != 0 && *rate < kMinResyncRate) {
+          error(e->value_mark(), key_context,
+                "'" + *text + "' is " + std::to_string(*rate) +
+                    " bytes per second; the least is 1MiB/s (did you mean MiB/s?), or "
+                    "'unlimited'");
+        } else {
+          volume.resync_rate = *rate;
+        }
+      }
+    }
+    if (auto* e = find(keys, "after_split_brain")) {
+      constexpr std::string_view kPolicies[] = {"refuse", "overwrite_replica"};
+      if (auto v = one_of(*e, context + ".after_split_brain", kPolicies)) {
+        volume.after_split_brain = *v == "overwrite_replica" ? SplitBrainPolicy::kOverwriteReplica
+                                                             : SplitBrainPolicy::kRefuse;
+      }
+    }
     config.volumes.push_back(std::move(volume));
+  }
+
+  // `metadata: {node: path}` (optional per node) and the default of every
+  // other node holding a copy; fills volume.metadata_paths. A metadata pool
+  // may share its file with nothing else on its node (`paths_seen`).
+  void parse_metadata(const Entry* entry, const std::string& context, const ClusterConfig& config,
+                      ClusterVolume& volume, const std::vector<std::string>& participants,
+                      const std::map<std::string, YAML::Mark>& data_marks, bool participants_ok,
+                      PathSeen& paths_seen) {
+    std::map<std::string, std::pair<std::string, YAML::Mark>> given;
+    std::map<std::string, YAML::Mark> keys_seen;
+    if (entry != nullptr && !entry->value.IsNull()) {
+      if (!entry->value.IsMap()) {
+        error(entry->value_mark(), context + ".metadata",
+              "expected a map of node: path (e.g. {node1: /mnt/pmem/db0.pmirror}), got " +
+                  type_name(entry->value));
+      } else {
+        for (auto it = entry->value.begin(); it != entry->value.end(); ++it) {
+          const YAML::Node key = it->first;
+          const YAML::Node value = it->second;
+          if (!key.IsScalar()) {
+            error(key.Mark(), context + ".metadata", "expected a node name, got " + type_name(key));
+            continue;
+          }
+          const std::string node = key.Scalar();
+          if (auto [previous, inserted] = keys_seen.emplace(node, key.Mark()); !inserted) {
+            error(key.Mark(), context + ".metadata",
+                  "duplicate key '" + node + "' (first at " + where(previous->second) + ")");
+            continue;
+          }
+          if (config.find_node(node) == nullptr) {
+            error(key.Mark(), context + ".metadata",
+                  "'" + node + "' is not a node; nodes: " + join(node_names(config)));
+            continue;
+          }
+          if (participants_ok &&
+              std::find(participants.begin(), participants.end(), node) == participants.end()) {
+            error(key.Mark(), context + ".metadata",
+                  "node '" + node + "' holds no copy of volume '" + volume.name + "' (primary " +
+                      volume.primary + ", replicas " + join(volume.replicas) +
+                      "); remove its metadata path");
+            continue;
+          }
+          Entry path_entry{key, value};
+          if (auto path = absolute_path(path_entry, context + ".metadata." + node)) {
+            given.emplace(node, std::make_pair(*path, path_entry.value_mark()));
+          }
+        }
+      }
+    }
+    for (const auto& node : participants) {
+      auto data = volume.paths.find(node);
+      if (data == volume.paths.end()) continue;  // no usable data path: reported already
+      auto explicit_path = given.find(node);
+      const bool is_default = explicit_path == given.end();
+      const std::string path = is_default ? default_metadata_path(data->second, volume.name)
+                                          : explicit_path->second.first;
+      const YAML::Mark mark = is_default ? data_marks.at(node) : explicit_path->second.second;
+      const std::string key_context = context + ".metadata." + node;
+      std::string normal = std::filesystem::path(path).lexically_normal().string();
+      auto [first, inserted] = paths_seen.emplace(
+          std::make_pair(node, normal), where(mark) + " (metadata of volume " + volume.name + ")");
+      if (!inserted) {
+        if (is_default) {
+          error(mark, key_context,
+                "the default metadata path '" + path + "' is already used on node '" + node +
+                    "' (at " + first->second + "); give volume " + volume.name +
+                    " its own under `metadata:`");
+        } else {
+          error(mark, key_context,
+                "node '" + node + "' already uses '" + path + "' (at " + first->second +
+                    "); a metadata pool needs a file of its own");
+        }
+        continue;
+      }
+      volume.metadata_paths[node] = path;
+      files_.push_back({node, normal, path, mark,
+                        is_default ? context + ".paths." + node : key_context,
+                        "metadata of volume " + volume.name});
+    }
+  }
+
+  // Nodes on one address are daemons on one machine: they must not use the
+  // same file (data or metadata) either.
+  void check_shared_machines(const ClusterConfig& config) {
+    std::map<std::pair<std::string, std::string>, const CopyFile*> seen;  // (address, path)
+    for (const CopyFile& file : files_) {
+      const NodeConfig* node = config.find_node(file.node);
+      if (node == nullptr || node->address.empty()) continue;
+      auto [first, inserted] = seen.emplace(std::make_pair(node->address, file.normal), &file);
+      if (inserted || first->second->node == file.node) continue;
+      const CopyFile& other = *first->second;
+      error(file.mark, file.context,
+            "nodes '" + other.node + "' and '" + file.node + "' share the address " +
+                node->address + " and would both use '" + file.path + "' (" + other.node + ": " +
+                other.label + ", at " + where(other.mark) + "; " + file.node + ": " + file.label +
+                "); give one of them its own " +
+                (file.label.rfind("metadata", 0) == 0 ? "under `metadata:`" : "path"));
+    }
   }
 
   void parse_volumes(const Entry* entry, const YAML::Node& root, ClusterConfig& config) {
@@ -862,6 +1030,7 @@ class Parser {
     for (size_t i = 0; i < entry->value.size(); ++i) {
       parse_volume(entry->value[i], "volumes[" + std::to_string(i) + "]", config, names, paths);
     }
+    check_shared_machines(config);
   }
 
   // Fills `config` as far as it can; problems() says what is wrong.
@@ -928,6 +1097,17 @@ class Parser {
   std::vector<Problem> problems_;
   std::map<std::string, YAML::Mark> node_marks_;
   std::set<std::string> shares_endpoint_;  // nodes with another node's address:port
+  // Every file a node keeps a copy in (data and metadata), for
+  // check_shared_machines.
+  struct CopyFile {
+    std::string node;
+    std::string normal;  // lexically normal path
+    std::string path;    // as written (or the default)
+    YAML::Mark mark;
+    std::string context;
+    std::string label;  // "volume v", "metadata of volume v"
+  };
+  std::vector<CopyFile> files_;
 };
 
 // Parses without failing: the config as far as it could be read, and every
@@ -973,6 +1153,26 @@ std::optional<std::string> volume_secret(const ClusterConfig& cluster, const Clu
 bool takes_part(const ClusterVolume& volume, const std::string& node) {
   return volume.primary == node ||
          std::find(volume.replicas.begin(), volume.replicas.end(), node) != volume.replicas.end();
+}
+
+// The volume's nodes other than `node`: the configured primary first, then
+// the replicas in file order.
+std::vector<std::string> other_nodes(const ClusterVolume& volume, const std::string& node) {
+  std::vector<std::string> out;
+  if (volume.primary != node) out.push_back(volume.primary);
+  for (const auto& replica : volume.replicas) {
+    if (replica != node) out.push_back(replica);
+  }
+  return out;
+}
+
+// metadata_paths holds every node with a data path; fall back to the rule
+// for a ClusterVolume built by hand.
+std::string metadata_path_of(const ClusterVolume& volume, const std::string& node) {
+  if (auto it = volume.metadata_paths.find(node); it != volume.metadata_paths.end()) {
+    return it->second;
+  }
+  return default_metadata_path(volume.paths.at(node), volume.name);
 }
 
 // An existing file or device at a node's path whose size cannot hold the
@@ -1077,9 +1277,7 @@ Result<DaemonConfig> daemon_config_for(const ClusterConfig& cluster, const std::
   config.reconnect_max = self->daemon.reconnect_max;
   std::vector<Problem> problems;
   for (const auto& volume : cluster.volumes) {
-    if (std::find(volume.replicas.begin(), volume.replicas.end(), node) == volume.replicas.end()) {
-      continue;
-    }
+    if (!takes_part(volume, node)) continue;
     auto secret = volume_secret(cluster, volume, problems);
     if (!secret) continue;
     VolumeConfig served;
@@ -1090,6 +1288,11 @@ Result<DaemonConfig> daemon_config_for(const ClusterConfig& cluster, const std::
     served.allowed_peers = volume.allowed_peers;
     served.secret = std::move(*secret);
     served.apm = volume.apm;
+    served.metadata_path = metadata_path_of(volume, node);
+    served.chunk = volume.chunk;
+    served.primary = volume.primary;
+    served.peers = other_nodes(volume, node);
+    served.configured_primary = volume.primary == node;
     config.volumes.push_back(std::move(served));
   }
   if (!problems.empty()) {
@@ -1109,11 +1312,14 @@ Result<InitiatorPlan> initiator_plan(const ClusterConfig& cluster, const std::st
     return Status(Errc::kConfigError,
                   "no volume '" + volume + "' in " + cluster.source + "; volumes: " + join(names));
   }
-  if (found->primary != node) {
-    return Status(Errc::kConfigError, "volume '" + volume + "' has its primary on node '" +
-                                          found->primary + "', not on '" + node + "' (" +
-                                          cluster.source +
-                                          "); libpmirror opens a volume on its primary node");
+  if (!takes_part(*found, node)) {
+    return Status(Errc::kConfigError,
+                  "node '" + node + "' holds no copy of volume '" + volume + "' (" +
+                      cluster.source + ": primary " + found->primary + ", replicas " +
+                      join(found->replicas) +
+                      "); libpmirror opens a volume on its primary node, or on a replica "
+                      "promoted with `pmirrorctl promote " +
+                      volume + "`");
   }
   std::vector<Problem> problems;
   auto secret = volume_secret(cluster, *found, problems);
@@ -1126,7 +1332,7 @@ Result<InitiatorPlan> initiator_plan(const ClusterConfig& cluster, const std::st
   plan.create = found->create;
   plan.secret = std::move(*secret);
   plan.allowed_peers = found->allowed_peers;
-  for (const auto& name : found->replicas) {
+  for (const auto& name : other_nodes(*found, node)) {
     const NodeConfig* replica = cluster.find_node(name);
     plan.replicas.push_back({replica->name, replica->address, replica->port, replica->transport});
   }
@@ -1136,6 +1342,11 @@ Result<InitiatorPlan> initiator_plan(const ClusterConfig& cluster, const std::st
   plan.heartbeat_timeout = cluster.daemon.heartbeat_timeout;
   plan.reconnect_initial = cluster.daemon.reconnect_initial;
   plan.reconnect_max = cluster.daemon.reconnect_max;
+  plan.metadata_path = metadata_path_of(*found, node);
+  plan.chunk = found->chunk;
+  plan.resync_rate = found->resync_rate;
+  plan.after_split_brain = found->after_split_brain;
+  plan.configured_primary = found->primary == node;
   return plan;
 }
 

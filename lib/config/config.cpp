@@ -86,6 +86,11 @@ Result<std::string> read_secret_file(const std::string& path) {
   return contents;
 }
 
+std::string default_metadata_path(const std::string& data_path, const std::string& volume) {
+  if (data_path.rfind("/dev/", 0) == 0) return "/var/lib/pmirror/" + volume + ".pmirror";
+  return data_path + ".pmirror";
+}
+
 Result<std::string> read_config_file(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
@@ -186,6 +191,24 @@ Result<uint64_t> parse_size(std::string_view text) {
   if (number == 0) return invalid("a size must be greater than zero");
   if (shift != 0 && number > (UINT64_MAX >> shift)) return invalid("too large");
   return number << shift;
+}
+
+Result<uint64_t> parse_rate(std::string_view text) {
+  if (text == "unlimited" || text == "0" || text == "0/s") return uint64_t{0};
+  constexpr std::string_view kPerSecond = "/s";
+  if (text.size() <= kPerSecond.size() ||
+      text.substr(text.size() - kPerSecond.size()) != kPerSecond) {
+    return Status(Errc::kInvalidArgument,
+                  "invalid rate '" + std::string(text) +
+                      "': expected a size per second such as 100MiB/s, or 'unlimited'");
+  }
+  auto size = parse_size(text.substr(0, text.size() - kPerSecond.size()));
+  if (!size.ok()) {
+    return Status(Errc::kInvalidArgument,
+                  "invalid rate '" + std::string(text) + "': " +
+                      size.status().message().substr(size.status().message().find("': ") + 3));
+  }
+  return *size;
 }
 
 Result<std::chrono::milliseconds> parse_duration(std::string_view text) {

@@ -16,6 +16,10 @@
 //       path: /dev/dax0.0         # or paths: {node1: ..., node2: ...}
 //       allowed_peers: [app1]
 //       secret_file: /etc/pmirror/db0.secret
+//       chunk: 64KiB              # recovery: bytes per dirty bit
+//       resync_rate: 100MiB/s     # or unlimited
+//       after_split_brain: refuse # or overwrite_replica
+//       metadata: {node2: /mnt/pmem/db0.pmirror}  # default: beside the data
 //
 // Parsing is strict: unknown keys (with a "did you mean"), wrong types and
 // every cross-reference mistake are errors, all of them collected, each as
@@ -52,6 +56,12 @@ enum class ApmPolicy { kAuto, kOn, kOff };
 // What a primary does when fewer than `ack` replicas are reachable.
 // kFail: persists return an error; kBlock: persists wait for replicas.
 enum class InsufficientPolicy { kFail, kBlock };
+// What a primary does on meeting a replica whose copy also moved on from
+// their common generation (docs/replica-recovery.md).
+enum class SplitBrainPolicy {
+  kRefuse,            // report it, keep both copies, do not sync (default)
+  kOverwriteReplica,  // copy the whole volume from the primary over the replica
+};
 
 // "host:port" (IPv6 as "[::1]:9942").
 struct HostPort {
@@ -102,6 +112,15 @@ struct ClusterVolume {
   // problems found after parsing (reading the secret, checking a file).
   std::string secret_file_at;
   std::map<std::string, std::string> path_at;
+  // Recovery (docs/replica-recovery.md).
+  uint64_t chunk = 64 * 1024;           // bytes per dirty bit: 4KiB..1MiB, a power of two
+  uint64_t resync_rate = 100ull << 20;  // bytes/s a resync may copy; 0: unlimited
+  SplitBrainPolicy after_split_brain = SplitBrainPolicy::kRefuse;
+  // node -> the copy's metadata pool, for every node holding a copy (as
+  // `paths`): the node's `metadata:` entry, else the default of
+  // metadata::default_metadata_path (`<path>.pmirror`, or
+  // /var/lib/pmirror/<volume>.pmirror for a path under /dev/).
+  std::map<std::string, std::string> metadata_paths;
 };
 
 struct ClusterConfig {
@@ -126,6 +145,13 @@ struct VolumeConfig {
   std::vector<std::string> allowed_peers;
   std::string secret;  // resolved: from `secret` or the contents of `secret_file`
   ApmPolicy apm = ApmPolicy::kAuto;
+  std::string metadata_path;  // this node's copy metadata pool
+  uint64_t chunk = 64 * 1024;
+  std::string primary;             // the primary named in the file
+  std::vector<std::string> peers;  // the volume's other nodes, primary first, then replicas
+  // True when this node is the configured primary: pmirrord holds the
+  // volume too (to serve it after a promote elsewhere).
+  bool configured_primary = false;
 };
 
 // Everything one node's pmirrord needs; built by daemon_config_for.
@@ -142,7 +168,8 @@ struct DaemonConfig {
   std::chrono::milliseconds heartbeat_timeout{5000};
   std::chrono::milliseconds reconnect_initial{200};
   std::chrono::milliseconds reconnect_max{10000};
-  // The volumes this node holds a replica of, with this node's path.
+  // Every volume this node holds a copy of (as a replica or as the
+  // configured primary), in file order, with this node's path.
   std::vector<VolumeConfig> volumes;
   // The whole cluster (peers, the volumes this node is primary of). Secrets
   // of volumes not in `volumes` are not read.
@@ -160,12 +187,14 @@ struct ReplicaEndpoint {
 
 struct InitiatorPlan {
   std::string volume;
-  std::string node;        // the primary
-  std::string local_path;  // the primary's path
+  std::string node;        // the node opening the volume (usually the configured primary)
+  std::string local_path;  // that node's path
   uint64_t size = 0;
   bool create = false;
   std::string secret;  // resolved; the same on every replica
   std::vector<std::string> allowed_peers;
+  // The volume's other nodes: the configured primary first (when `node`
+  // is not it), then the replicas in file order.
   std::vector<ReplicaEndpoint> replicas;
   uint32_t ack = 0;
   InsufficientPolicy on_insufficient = InsufficientPolicy::kFail;
@@ -173,6 +202,13 @@ struct InitiatorPlan {
   std::chrono::milliseconds heartbeat_timeout{5000};
   std::chrono::milliseconds reconnect_initial{200};
   std::chrono::milliseconds reconnect_max{10000};
+  std::string metadata_path;  // the local copy's metadata pool
+  uint64_t chunk = 64 * 1024;
+  uint64_t resync_rate = 100ull << 20;
+  SplitBrainPolicy after_split_brain = SplitBrainPolicy::kRefuse;
+  // True when `node` is the primary the file names; any other node may
+  // open the volume only after `pmirrorctl promote` there.
+  bool configured_primary = true;
 };
 
 // ------------------------------------------------------------------- API
@@ -192,12 +228,14 @@ Result<std::string> resolve_node(const ClusterConfig& cluster, std::string_view 
                                  std::string_view hostname = {});
 
 // pmirrord's configuration on `node`: its listen address/port/transport,
-// effective daemon settings, and every volume it is a replica of (secrets
-// read here; every problem reported at once).
+// effective daemon settings, and every volume it holds a copy of, replica
+// or configured primary (secrets read here; every problem reported at
+// once).
 Result<DaemonConfig> daemon_config_for(const ClusterConfig& cluster, const std::string& node);
 
-// What libpmirror on `node` needs to open `volume`; `node` must be the
-// volume's primary.
+// What libpmirror on `node` needs to open `volume`; `node` must hold a copy
+// of it (the configured primary, or a replica -- which may open it only
+// once promoted there: configured_primary false).
 Result<InitiatorPlan> initiator_plan(const ClusterConfig& cluster, const std::string& volume,
                                      const std::string& node);
 
@@ -212,6 +250,10 @@ std::vector<std::string> check_cluster_file(const std::string& path, std::string
 // "64MiB", "1G", "4096" -> bytes. Suffixes K,M,G,T with optional "iB"/"B",
 // all powers of 1024. Rejects negatives, fractions, overflow, junk.
 Result<uint64_t> parse_size(std::string_view text);
+
+// A rate: "100MiB/s" (a size, then "/s") -> bytes per second; "unlimited"
+// or "0" -> 0 (no limit).
+Result<uint64_t> parse_rate(std::string_view text);
 
 // "200ms", "5s", "2m" -> milliseconds. A unit is required; whole numbers
 // only; zero is allowed here (callers decide).

@@ -160,6 +160,33 @@ std::string format_event_human(const nlohmann::json& event, const HumanFormat& f
 
 // 1073741824 -> "1GiB", 1610612736 -> "1.5GiB", 4096 -> "4KiB", 100 -> "100B".
 std::string format_size(uint64_t bytes);
+// An amount in running text, one decimal: 12582912 -> "12.0 MiB", 100 -> "100 B".
+std::string format_amount(uint64_t bytes);
+// Seconds left: 1 -> "1s", 125 -> "2m05s", 3720 -> "1h02m", 93600 -> "1d02h".
+std::string format_eta(uint64_t seconds);
+// A generation identifier as the status shows it: a string as it is (16
+// hex digits, "9f3a2b1c4d5e6f70"); an integer below 2^32 (a legacy
+// counter) in decimal, a larger one in 16 hex digits; "" otherwise.
+std::string format_generation(const nlohmann::json& value);
+
+// ---- pmirrorctl's commands (docs/control.md#commands) -----------------
+
+// True if `status` (one process's status object) has `volume` with role
+// "primary": the process resync and verify go to.
+bool has_primary_volume(const nlohmann::json& status, const std::string& volume);
+// The result of "resync" in one line:
+//   "db0: resync of node3 started: 3.2 MiB (52 chunks) to copy"
+std::string format_resync_human(const nlohmann::json& result);
+// The result of "verify": a line per peer, then at most `max_ranges`
+// mismatching ranges each ("... and N more").
+std::string format_verify_human(const nlohmann::json& result, size_t max_ranges = 20);
+// Mismatching ranges found by a verify, over every peer.
+uint64_t verify_mismatches(const nlohmann::json& result);
+// Peers a verify could not compare (those with an "error").
+uint64_t verify_failures(const nlohmann::json& result);
+// The result of "promote" or "demote" in one line:
+//   "db1 promoted on node2: generation 9f3a2b1c4d5e6f70 (was 12ab34cd56ef7890)"
+std::string format_promote_human(const nlohmann::json& result);
 // Microseconds: 55.2 -> "55us", 1234 -> "1.2ms", 2500000 -> "2.5s".
 std::string format_latency_us(double microseconds);
 // "2026-11-29T16:01:02Z" (fraction optional) -> time point.

@@ -136,6 +136,8 @@ std::string peer_line(const json& peer, const HumanFormat& format) {
     if (auto v = real(latency, "p99")) append_field(line, "p99", format_latency_us(*v));
     if (auto v = real(latency, "p999")) append_field(line, "p99.9", format_latency_us(*v));
   }
+  if (auto v = number(peer, "resynced_bytes"); v && *v > 0)
+    append_field(line, "resynced", format_size(*v));
   if (auto v = number(peer, "errors"); v && *v > 0)
     append_field(line, "errors", std::to_string(*v));
   std::string reason = str(peer, "reason");
@@ -143,15 +145,116 @@ std::string peer_line(const json& peer, const HumanFormat& format) {
   return line;
 }
 
+const json& member(const json& object, const char* key) {
+  static const json kNull;
+  if (!object.is_object()) return kNull;
+  auto it = object.find(key);
+  return it == object.end() ? kNull : *it;
+}
+
+std::optional<bool> flag(const json& object, const char* key) {
+  const json& value = member(object, key);
+  if (!value.is_boolean()) return std::nullopt;
+  return value.get<bool>();
+}
+
 std::string volume_line(const json& volume, const json& process) {
   std::string line = str(volume, "name");
   append_field(line, "role", str(volume, "role"));
+  const json& copy = member(volume, "copy");
+  // A promoted copy refuses other writers: say so before anything else.
+  if (flag(copy, "promoted").value_or(false)) line += " PROMOTED";
   if (auto v = number(volume, "size")) append_field(line, "size", format_size(*v));
   append_field(line, "backing", str(volume, "backing"));
-  if (auto v = number(volume, "generation")) append_field(line, "generation", std::to_string(*v));
+  // The copy's generation names its data; the volume's own field is the
+  // older state-pool counter.
+  std::string generation = format_generation(member(copy, "generation"));
+  if (generation.empty()) generation = format_generation(member(volume, "generation"));
+  append_field(line, "generation", generation);
   if (auto v = number(volume, "last_sequence")) append_field(line, "last-seq", std::to_string(*v));
   line += " (" + process_label(process) + ")";
   return line;
+}
+
+// "  this copy: uuid:... history:a,b consistent:yes clean:yes", or "" when
+// the volume has no "copy" object.
+std::string copy_line(const json& volume) {
+  const json& copy = member(volume, "copy");
+  if (!copy.is_object() || copy.empty()) return {};
+  std::string line = "  this copy:";
+  if (flag(copy, "in_use_by_local_primary").value_or(false)) {
+    return line + " in use by the primary on this node (libpmirror has it open)";
+  }
+  if (std::string error = str(copy, "error"); !error.empty()) return line + " error: " + error;
+  append_field(line, "uuid", str(copy, "uuid"));
+  const json& history = member(copy, "history");
+  if (history.is_array() && !history.empty()) {
+    std::string list;
+    for (const json& g : history) {
+      std::string text = format_generation(g);
+      if (!text.empty()) list += (list.empty() ? "" : ",") + text;
+    }
+    append_field(line, "history", list);
+  }
+  for (const char* key : {"consistent", "clean", "promoted"}) {
+    if (auto v = flag(copy, key)) append_field(line, key, *v ? "yes" : "no");
+  }
+  return line == "  this copy:" ? std::string() : line;
+}
+
+// "syncing 12.0 MiB / 64.0 MiB (18%), 95.2 MiB/s, ETA 1s"
+std::string resync_text(const json& resync) {
+  auto done = number(resync, "done_bytes");
+  auto left = number(resync, "left_bytes");
+  auto total = number(resync, "total_bytes");
+  if (!total && done && left) total = *done + *left;
+  if (!left && done && total && *total >= *done) left = *total - *done;
+  std::string out = flag(resync, "full").value_or(false) ? "full sync" : "syncing";
+  if (done && total) {
+    out += " " + format_amount(*done) + " / " + format_amount(*total);
+    if (*total > 0) {
+      out += " (" +
+             std::to_string(static_cast<unsigned>(static_cast<double>(std::min(*done, *total)) *
+                                                  100.0 / static_cast<double>(*total))) +
+             "%)";
+    }
+  } else if (left) {
+    out += ", " + format_amount(*left) + " left";
+  }
+  auto rate = number(resync, "rate_bytes_per_s");
+  if (rate) out += ", " + format_amount(*rate) + "/s";
+  auto eta = number(resync, "eta_seconds");
+  if (!eta && rate && *rate > 0 && left) eta = (*left + *rate - 1) / *rate;
+  if (eta) out += ", ETA " + format_eta(*eta);
+  return out;
+}
+
+// Lines under a peer: split brain, resync progress, how far behind.
+std::string peer_details(const json& peer, const json& volume) {
+  std::string out;
+  if (str(peer, "state") == "split-brain") {
+    out +=
+        "    split brain: both copies were written since they last agreed; nothing is copied "
+        "until an operator chooses (docs/replica-recovery.md)\n";
+  }
+  const json& resync = member(peer, "resync");
+  if (resync.is_object()) {
+    out += "    " + resync_text(resync) + "\n";
+  } else if (auto dirty = number(peer, "dirty_bytes"); dirty && *dirty > 0) {
+    out += "    behind by " + format_amount(*dirty);
+    auto chunks = number(peer, "dirty_chunks");
+    auto chunk_size = number(volume, "chunk_size");
+    if (!chunks && chunk_size && *chunk_size > 0) chunks = (*dirty + *chunk_size - 1) / *chunk_size;
+    if (chunks) out += " (" + std::to_string(*chunks) + (*chunks == 1 ? " chunk)" : " chunks)");
+    out += "\n";
+  }
+  return out;
+}
+
+std::string hex16(uint64_t value) {
+  char out[17];
+  std::snprintf(out, sizeof(out), "%016" PRIx64, value);
+  return out;
 }
 
 }  // namespace
@@ -225,8 +328,12 @@ std::string format_status_human(const nlohmann::json& merged,
   for (const Entry& entry : entries) {
     out += volume_line(*entry.volume, *entry.process) + "\n";
     const json& v = *entry.volume;
+    if (std::string copy = copy_line(v); !copy.empty()) out += copy + "\n";
     if (v.contains("peers") && v["peers"].is_array() && !v["peers"].empty()) {
-      for (const json& peer : v["peers"]) out += peer_line(peer, format) + "\n";
+      for (const json& peer : v["peers"]) {
+        out += peer_line(peer, format) + "\n";
+        out += peer_details(peer, v);
+      }
     } else {
       out += "  (no peers)\n";
     }
@@ -275,6 +382,179 @@ std::string format_size(uint64_t bytes) {
     std::snprintf(out, sizeof(out), "%.1f%s",
                   static_cast<double>(bytes) / static_cast<double>(scale), kUnits[unit]);
   }
+  return out;
+}
+
+std::string format_amount(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  size_t unit = 0;
+  double value = static_cast<double>(bytes);
+  while (unit + 1 < std::size(kUnits) && value >= 1024.0) {
+    value /= 1024.0;
+    ++unit;
+  }
+  // 1023.96 MiB would print as "1024.0 MiB": move up a unit instead.
+  if (value >= 1023.95 && unit + 1 < std::size(kUnits)) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char out[32];
+  std::snprintf(out, sizeof(out), "%.1f %s", value, kUnits[unit]);
+  return out;
+}
+
+std::string format_eta(uint64_t seconds) {
+  char out[32];
+  if (seconds < 60) {
+    std::snprintf(out, sizeof(out), "%" PRIu64 "s", seconds);
+  } else if (seconds < 3600) {
+    std::snprintf(out, sizeof(out), "%" PRIu64 "m%02" PRIu64 "s", seconds / 60, seconds % 60);
+  } else if (seconds < 86400) {
+    std::snprintf(out, sizeof(out), "%" PRIu64 "h%02" PRIu64 "m", seconds / 3600,
+                  seconds % 3600 / 60);
+  } else {
+    std::snprintf(out, sizeof(out), "%" PRIu64 "d%02" PRIu64 "h", seconds / 86400,
+                  seconds % 86400 / 3600);
+  }
+  return out;
+}
+
+std::string format_generation(const nlohmann::json& value) {
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_number_unsigned()) {
+    uint64_t g = value.get<uint64_t>();
+    return g < (1ull << 32) ? std::to_string(g) : hex16(g);
+  }
+  if (value.is_number_integer()) {
+    int64_t g = value.get<int64_t>();
+    if (g >= 0 && g < (int64_t{1} << 32)) return std::to_string(g);
+    return hex16(static_cast<uint64_t>(g));
+  }
+  return {};
+}
+
+bool has_primary_volume(const nlohmann::json& status, const std::string& volume) {
+  const json& volumes = member(status, "volumes");
+  if (!volumes.is_array()) return false;
+  for (const json& v : volumes) {
+    if (str(v, "name") == volume && str(v, "role") == "primary") return true;
+  }
+  return false;
+}
+
+std::string format_resync_human(const nlohmann::json& result) {
+  std::string volume = str(result, "volume");
+  std::string peer = str(result, "peer");
+  bool full = flag(result, "full").value_or(false);
+  std::string out = volume + ": ";
+  if (!flag(result, "started").value_or(false)) {
+    out += "no resync of " + peer + " started";
+    if (std::string reason = str(result, "reason"); !reason.empty()) out += ": " + reason;
+    return out;
+  }
+  out += std::string(full ? "full resync" : "resync") + " of " + peer + " started";
+  if (auto dirty = number(result, "dirty_bytes")) {
+    out += ": " + format_amount(*dirty);
+    if (auto chunks = number(result, "dirty_chunks")) {
+      out += " (" + std::to_string(*chunks) + (*chunks == 1 ? " chunk)" : " chunks)");
+    }
+    out += " to copy";
+  }
+  return out + "; follow it with `pmirrorctl status " + volume + "`";
+}
+
+uint64_t verify_mismatches(const nlohmann::json& result) {
+  uint64_t total = 0;
+  const json& peers = member(result, "peers");
+  if (!peers.is_array()) return 0;
+  for (const json& peer : peers) {
+    if (auto count = number(peer, "mismatch_count")) {
+      total += *count;
+    } else if (const json& list = member(peer, "mismatches"); list.is_array()) {
+      total += list.size();
+    }
+  }
+  return total;
+}
+
+uint64_t verify_failures(const nlohmann::json& result) {
+  uint64_t failures = 0;
+  const json& peers = member(result, "peers");
+  if (!peers.is_array()) return 0;
+  for (const json& peer : peers) {
+    if (!member(peer, "error").is_null()) ++failures;
+  }
+  return failures;
+}
+
+std::string format_verify_human(const nlohmann::json& result, size_t max_ranges) {
+  std::string volume = str(result, "volume");
+  const json& peers = member(result, "peers");
+  if (!peers.is_array() || peers.empty()) return volume + ": no replica was compared\n";
+  std::string out;
+  for (const json& peer : peers) {
+    std::string name = str(peer, "name");
+    out += volume + " " + (name.empty() ? "?" : name) + ": ";
+    if (const json& error = member(peer, "error"); !error.is_null()) {
+      std::string message = error.is_object() ? str(error, "message") : str(peer, "error");
+      out += "not compared: " + (message.empty() ? error.dump() : message) + "\n";
+      continue;
+    }
+    std::string compared;
+    auto chunks = number(peer, "chunks_compared");
+    auto bytes = number(peer, "bytes_compared");
+    if (chunks) compared = std::to_string(*chunks) + (*chunks == 1 ? " chunk" : " chunks");
+    if (bytes) compared += (compared.empty() ? "" : ", ") + format_amount(*bytes);
+    if (!compared.empty()) compared += " compared";
+    const json& list = member(peer, "mismatches");
+    uint64_t count = number(peer, "mismatch_count").value_or(list.is_array() ? list.size() : 0);
+    if (count == 0) {
+      out += "equal" + (compared.empty() ? "" : " (" + compared + ")") + "\n";
+      continue;
+    }
+    out += std::to_string(count) + (count == 1 ? " mismatching range" : " mismatching ranges") +
+           (compared.empty() ? "" : " (" + compared + ")") + ":\n";
+    size_t shown = 0;
+    if (list.is_array()) {
+      for (const json& range : list) {
+        if (shown == max_ranges) break;
+        auto offset = number(range, "offset");
+        auto length = number(range, "length");
+        char line[96];
+        std::snprintf(line, sizeof(line), "  offset 0x%" PRIx64 " length %s\n", offset.value_or(0),
+                      length ? format_amount(*length).c_str() : "?");
+        out += line;
+        ++shown;
+      }
+    }
+    if (count > shown) out += "  ... and " + std::to_string(count - shown) + " more\n";
+    if (auto marked = number(peer, "marked_dirty"); marked && *marked > 0) {
+      out += "  " + std::to_string(*marked) + (*marked == 1 ? " chunk" : " chunks") +
+             " marked dirty; the resync copies them\n";
+    }
+  }
+  return out;
+}
+
+std::string format_promote_human(const nlohmann::json& result) {
+  std::string volume = str(result, "volume");
+  std::string node = str(result, "node");
+  std::string generation = format_generation(member(result, "generation"));
+  std::string on = node.empty() ? "" : " on " + node;
+  if (!flag(result, "promoted").value_or(false)) {
+    return volume + " demoted" + on + (generation.empty() ? "" : ": generation " + generation) +
+           "; a replica again";
+  }
+  std::string previous = format_generation(member(result, "previous"));
+  if (flag(result, "already_promoted").value_or(false)) {
+    return volume + " was already promoted" + on +
+           (generation.empty() ? "" : ": generation " + generation);
+  }
+  std::string out = volume + " promoted" + on;
+  if (flag(result, "forced").value_or(false)) out += " (forced)";
+  if (!generation.empty()) out += ": generation " + generation;
+  if (!previous.empty()) out += " (was " + previous + ")";
   return out;
 }
 

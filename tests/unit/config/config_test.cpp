@@ -99,6 +99,14 @@ TEST(ClusterConfigTest, MinimalConfigTakesDefaults) {
   EXPECT_EQ(v.paths, (std::map<std::string, std::string>{
                          {"n1", "/pmem/v"}, {"n2", "/pmem/v"}, {"n3", "/pmem/v"}}));
   EXPECT_EQ(v.path_at.at("n2"), "<config>:10:11");
+  // Recovery defaults: 64KiB chunks, 100MiB/s, refuse a split brain, the
+  // metadata pool beside each copy.
+  EXPECT_EQ(v.chunk, 64u << 10);
+  EXPECT_EQ(v.resync_rate, 100u << 20);
+  EXPECT_EQ(v.after_split_brain, SplitBrainPolicy::kRefuse);
+  EXPECT_EQ(v.metadata_paths,
+            (std::map<std::string, std::string>{
+                {"n1", "/pmem/v.pmirror"}, {"n2", "/pmem/v.pmirror"}, {"n3", "/pmem/v.pmirror"}}));
 }
 
 // The three-node file of the reference, every key used.
@@ -136,6 +144,10 @@ std::string full_config(const std::string& secret_file) {
          secret_file +
          "\n"
          "    apm: on\n"
+         "    chunk: 16KiB\n"
+         "    resync_rate: 200MiB/s\n"
+         "    after_split_brain: overwrite_replica\n"
+         "    metadata: {node2: /var/lib/pmirror/db0-copy.pmirror}\n"
          "  - name: log0\n"
          "    size: 64MiB\n"
          "    primary: node2\n"
@@ -147,7 +159,8 @@ std::string full_config(const std::string& secret_file) {
          "    secret: \"" +
          kSecret +
          "\"\n"
-         "    apm: off\n";
+         "    apm: off\n"
+         "    resync_rate: unlimited\n";
 }
 
 TEST(ClusterConfigTest, FullConfigParsesToTheExpectedStructs) {
@@ -202,6 +215,15 @@ TEST(ClusterConfigTest, FullConfigParsesToTheExpectedStructs) {
   EXPECT_EQ(db0.secret_file, secret_file);
   EXPECT_EQ(db0.secret_file_at, "full.yaml:30:18");
   EXPECT_EQ(db0.apm, ApmPolicy::kOn);
+  EXPECT_EQ(db0.chunk, 16u << 10);
+  EXPECT_EQ(db0.resync_rate, 200u << 20);
+  EXPECT_EQ(db0.after_split_brain, SplitBrainPolicy::kOverwriteReplica);
+  // node1's and node3's by the default rule: devices under /dev/ keep it in
+  // /var/lib/pmirror, files beside themselves.
+  EXPECT_EQ(db0.metadata_paths,
+            (std::map<std::string, std::string>{{"node1", "/var/lib/pmirror/db0.pmirror"},
+                                                {"node2", "/var/lib/pmirror/db0-copy.pmirror"},
+                                                {"node3", "/mnt/pmem/db0.pmirror"}}));
   const ClusterVolume& log0 = config->volumes[1];
   EXPECT_EQ(log0.ack, 1u);
   EXPECT_EQ(log0.paths, (std::map<std::string, std::string>{{"node2", "/var/lib/pmirror/log0.img"},
@@ -209,6 +231,12 @@ TEST(ClusterConfigTest, FullConfigParsesToTheExpectedStructs) {
   EXPECT_TRUE(log0.create);
   EXPECT_EQ(log0.secret, kSecret);
   EXPECT_EQ(log0.apm, ApmPolicy::kOff);
+  EXPECT_EQ(log0.chunk, 64u << 10);
+  EXPECT_EQ(log0.resync_rate, 0u);  // unlimited
+  EXPECT_EQ(log0.after_split_brain, SplitBrainPolicy::kRefuse);
+  EXPECT_EQ(log0.metadata_paths,
+            (std::map<std::string, std::string>{{"node2", "/var/lib/pmirror/log0.img.pmirror"},
+                                                {"node3", "/mnt/pmem/log0.pmirror"}}));
   EXPECT_EQ(config->find_node("node2"), &config->nodes[1]);
   EXPECT_EQ(config->find_node("node9"), nullptr);
   EXPECT_EQ(config->find_volume("log0"), &config->volumes[1]);
@@ -220,7 +248,8 @@ TEST(ClusterConfigTest, DaemonConfigForEachNode) {
   auto cluster = parse_cluster_config(full_config(secret_file), "full.yaml");
   ASSERT_TRUE(cluster.ok()) << cluster.status().to_string();
 
-  // node1 is only a primary: it serves nothing.
+  // node1 is only a primary: its pmirrord holds db0 too (to serve it
+  // should another node be promoted).
   auto node1 = daemon_config_for(*cluster, "node1");
   ASSERT_TRUE(node1.ok()) << node1.status().to_string();
   EXPECT_EQ(node1->node, "node1");
@@ -236,7 +265,16 @@ TEST(ClusterConfigTest, DaemonConfigForEachNode) {
   EXPECT_EQ(node1->heartbeat_timeout, milliseconds(3000));
   EXPECT_EQ(node1->reconnect_initial, milliseconds(100));
   EXPECT_EQ(node1->reconnect_max, milliseconds(60000));
-  EXPECT_TRUE(node1->volumes.empty());
+  ASSERT_EQ(node1->volumes.size(), 1u);
+  const VolumeConfig& primary_copy = node1->volumes[0];
+  EXPECT_EQ(primary_copy.name, "db0");
+  EXPECT_EQ(primary_copy.path, "/dev/dax0.0");
+  EXPECT_EQ(primary_copy.metadata_path, "/var/lib/pmirror/db0.pmirror");
+  EXPECT_EQ(primary_copy.chunk, 16u << 10);
+  EXPECT_EQ(primary_copy.primary, "node1");
+  EXPECT_TRUE(primary_copy.configured_primary);
+  EXPECT_EQ(primary_copy.peers, (std::vector<std::string>{"node2", "node3"}));
+  EXPECT_EQ(primary_copy.secret, kSecret);
   EXPECT_EQ(node1->cluster.nodes.size(), 3u);
 
   // node2: replica of db0, primary of log0.
@@ -245,7 +283,7 @@ TEST(ClusterConfigTest, DaemonConfigForEachNode) {
   EXPECT_EQ(node2->listen_address, "0.0.0.0");
   EXPECT_EQ(node2->port, 7450);
   EXPECT_EQ(node2->transport, transport::Kind::kTcp);
-  ASSERT_EQ(node2->volumes.size(), 1u);
+  ASSERT_EQ(node2->volumes.size(), 2u);
   const VolumeConfig& db0 = node2->volumes[0];
   EXPECT_EQ(db0.name, "db0");
   EXPECT_EQ(db0.path, "/dev/dax1.0");
@@ -254,6 +292,18 @@ TEST(ClusterConfigTest, DaemonConfigForEachNode) {
   EXPECT_EQ(db0.allowed_peers, (std::vector<std::string>{"app1", "app2"}));
   EXPECT_EQ(db0.secret, kSecret);  // read from the file, newline stripped
   EXPECT_EQ(db0.apm, ApmPolicy::kOn);
+  EXPECT_EQ(db0.metadata_path, "/var/lib/pmirror/db0-copy.pmirror");
+  EXPECT_EQ(db0.chunk, 16u << 10);
+  EXPECT_EQ(db0.primary, "node1");
+  EXPECT_FALSE(db0.configured_primary);
+  EXPECT_EQ(db0.peers, (std::vector<std::string>{"node1", "node3"}));
+  const VolumeConfig& log0 = node2->volumes[1];
+  EXPECT_EQ(log0.name, "log0");
+  EXPECT_EQ(log0.path, "/var/lib/pmirror/log0.img");
+  EXPECT_EQ(log0.metadata_path, "/var/lib/pmirror/log0.img.pmirror");
+  EXPECT_EQ(log0.chunk, 64u << 10);
+  EXPECT_TRUE(log0.configured_primary);
+  EXPECT_EQ(log0.peers, (std::vector<std::string>{"node3"}));
 
   // node3: replica of both, with its overrides.
   auto node3 = daemon_config_for(*cluster, "node3");
@@ -271,6 +321,8 @@ TEST(ClusterConfigTest, DaemonConfigForEachNode) {
   EXPECT_TRUE(node3->volumes[1].create);
   EXPECT_EQ(node3->volumes[1].secret, kSecret);
   EXPECT_EQ(node3->volumes[1].apm, ApmPolicy::kOff);
+  EXPECT_EQ(node3->volumes[1].peers, (std::vector<std::string>{"node2"}));
+  EXPECT_EQ(node3->volumes[0].peers, (std::vector<std::string>{"node1", "node2"}));
 
   auto unknown = daemon_config_for(*cluster, "node4");
   ASSERT_FALSE(unknown.ok());
@@ -278,8 +330,8 @@ TEST(ClusterConfigTest, DaemonConfigForEachNode) {
 }
 
 TEST(ClusterConfigTest, SecretsAreReadOnlyWhereNeeded) {
-  // db0's secret file is missing: node2 and node3 (replicas) and node1
-  // (its primary) cannot use db0, but node2 can still open log0 as primary.
+  // db0's secret file is missing: no node holding db0 can use it (so none
+  // of their daemons starts), but node2 can still open log0 as primary.
   auto cluster = parse_cluster_config(full_config("/nonexistent/db0.secret"), "full.yaml");
   ASSERT_TRUE(cluster.ok()) << cluster.status().to_string();
   auto node3 = daemon_config_for(*cluster, "node3");
@@ -292,12 +344,19 @@ TEST(ClusterConfigTest, SecretsAreReadOnlyWhereNeeded) {
             0u)
       << node3.status().message();
   EXPECT_FALSE(daemon_config_for(*cluster, "node2").ok());
-  EXPECT_TRUE(daemon_config_for(*cluster, "node1").ok());
+  EXPECT_FALSE(daemon_config_for(*cluster, "node1").ok());
   EXPECT_FALSE(initiator_plan(*cluster, "db0", "node1").ok());
   EXPECT_TRUE(initiator_plan(*cluster, "log0", "node2").ok());
+  // A node holding no copy of db0 needs no secret of it.
+  auto other = parse_cluster_config(
+      full_config("/nonexistent/db0.secret") + "  - {name: solo, size: 1MiB, primary: node1, " +
+          "replicas: [node2], path: /pmem/solo, allowed_peers: [a], secret: " + kSecret + "}\n",
+      "full.yaml");
+  ASSERT_TRUE(other.ok()) << other.status().to_string();
+  EXPECT_TRUE(initiator_plan(*other, "solo", "node2").ok());
 }
 
-TEST(ClusterConfigTest, InitiatorPlanForThePrimary) {
+TEST(ClusterConfigTest, InitiatorPlanForEveryCopy) {
   TempDir dir;
   std::string secret_file = dir.write("db0.secret", kSecret);
   auto cluster = parse_cluster_config(full_config(secret_file), "full.yaml");
@@ -324,6 +383,11 @@ TEST(ClusterConfigTest, InitiatorPlanForThePrimary) {
   EXPECT_EQ(plan->replicas[0].transport, transport::Kind::kTcp);
   EXPECT_EQ(plan->replicas[1].node, "node3");
   EXPECT_EQ(plan->replicas[1].address, "fe80::1");
+  EXPECT_EQ(plan->metadata_path, "/var/lib/pmirror/db0.pmirror");
+  EXPECT_EQ(plan->chunk, 16u << 10);
+  EXPECT_EQ(plan->resync_rate, 200u << 20);
+  EXPECT_EQ(plan->after_split_brain, SplitBrainPolicy::kOverwriteReplica);
+  EXPECT_TRUE(plan->configured_primary);
 
   auto log0 = initiator_plan(*cluster, "log0", "node2");
   ASSERT_TRUE(log0.ok()) << log0.status().to_string();
@@ -332,13 +396,34 @@ TEST(ClusterConfigTest, InitiatorPlanForThePrimary) {
   EXPECT_EQ(log0->secret, kSecret);
   ASSERT_EQ(log0->replicas.size(), 1u);
   EXPECT_EQ(log0->replicas[0].node, "node3");
+  EXPECT_EQ(log0->resync_rate, 0u);
+  EXPECT_EQ(log0->metadata_path, "/var/lib/pmirror/log0.img.pmirror");
 
-  auto not_primary = initiator_plan(*cluster, "db0", "node2");
-  ASSERT_FALSE(not_primary.ok());
-  EXPECT_NE(not_primary.status().message().find(
-                "volume 'db0' has its primary on node 'node1', not on 'node2'"),
-            std::string::npos)
-      << not_primary.status().message();
+  // On a replica (to open it once promoted there): its own path and
+  // metadata, the other nodes -- the configured primary first -- as
+  // replicas, the same ack.
+  auto replica = initiator_plan(*cluster, "db0", "node3");
+  ASSERT_TRUE(replica.ok()) << replica.status().to_string();
+  EXPECT_EQ(replica->node, "node3");
+  EXPECT_EQ(replica->local_path, "/mnt/pmem/db0");
+  EXPECT_EQ(replica->metadata_path, "/mnt/pmem/db0.pmirror");
+  EXPECT_FALSE(replica->configured_primary);
+  ASSERT_EQ(replica->replicas.size(), 2u);
+  EXPECT_EQ(replica->replicas[0].node, "node1");
+  EXPECT_EQ(replica->replicas[0].port, 7460);
+  EXPECT_EQ(replica->replicas[0].transport, transport::Kind::kRdma);
+  EXPECT_EQ(replica->replicas[1].node, "node2");
+  EXPECT_EQ(replica->ack, 1u);
+  EXPECT_EQ(replica->on_insufficient, InsufficientPolicy::kBlock);
+  EXPECT_EQ(replica->chunk, 16u << 10);
+
+  auto no_copy = initiator_plan(*cluster, "log0", "node1");
+  ASSERT_FALSE(no_copy.ok());
+  EXPECT_EQ(no_copy.status().code(), Errc::kConfigError);
+  EXPECT_EQ(no_copy.status().message(),
+            "node 'node1' holds no copy of volume 'log0' (full.yaml: primary node2, replicas "
+            "node3); libpmirror opens a volume on its primary node, or on a replica promoted "
+            "with `pmirrorctl promote log0`");
   auto no_volume = initiator_plan(*cluster, "db9", "node1");
   ASSERT_FALSE(no_volume.ok());
   EXPECT_EQ(no_volume.status().message(), "no volume 'db9' in full.yaml; volumes: db0, log0");
@@ -559,6 +644,84 @@ std::vector<BadConfig> bad_configs() {
        "give either 'secret' or 'secret_file', not both (secret is at <config>:12:5)"},
       {"relative secret_file", with_volume({{"secret", ""}}, "    secret_file: s.key\n"), 12,
        "volumes[0].secret_file: 's.key' is not an absolute path"},
+      // recovery keys
+      {"chunk not a power of two", with_volume({}, "    chunk: 48KiB\n"), 13,
+       "volumes[0].chunk: '48KiB' is 49152 bytes, not a power of two (e.g. 16KiB, 64KiB, 256KiB)"},
+      {"chunk too small", with_volume({}, "    chunk: 2KiB\n"), 13,
+       "volumes[0].chunk: '2KiB' is outside 4KiB..1MiB; one dirty bit stands for one chunk"},
+      {"chunk too large", with_volume({}, "    chunk: 2MiB\n"), 13, "'2MiB' is outside 4KiB..1MiB"},
+      {"chunk not a size", with_volume({}, "    chunk: big\n"), 13,
+       "volumes[0].chunk: invalid size 'big'"},
+      {"chunk a list", with_volume({}, "    chunk: [1]\n"), 13,
+       "volumes[0].chunk: expected a size such as 64KiB, got a list"},
+      {"chunk_size for chunk", with_volume({}, "    chunk_size: 64KiB\n"), 13,
+       "volumes[0]: unknown key 'chunk_size' (did you mean 'chunk'?)"},
+      {"resync_rate without /s", with_volume({}, "    resync_rate: 100MiB\n"), 13,
+       "volumes[0].resync_rate: invalid rate '100MiB': expected a size per second such as "
+       "100MiB/s, or 'unlimited'"},
+      {"resync_rate not a size", with_volume({}, "    resync_rate: fast/s\n"), 13,
+       "volumes[0].resync_rate: invalid rate 'fast/s': expected a number of bytes"},
+      {"resync_rate negative", with_volume({}, "    resync_rate: -1MiB/s\n"), 13,
+       "invalid rate '-1MiB/s': a size cannot be negative"},
+      {"resync_rate in bytes", with_volume({}, "    resync_rate: 100/s\n"), 13,
+       "volumes[0].resync_rate: '100/s' is 100 bytes per second; the least is 1MiB/s"},
+      {"resync_rate a map", with_volume({}, "    resync_rate: {a: 1}\n"), 13,
+       "expected a rate such as 100MiB/s, or unlimited, got a map"},
+      {"bad after_split_brain", with_volume({}, "    after_split_brain: overwrite\n"), 13,
+       "volumes[0].after_split_brain: 'overwrite' is not one of refuse, overwrite_replica"},
+      {"metadata a list", with_volume({}, "    metadata: [/m]\n"), 13,
+       "volumes[0].metadata: expected a map of node: path (e.g. {node1: "
+       "/mnt/pmem/db0.pmirror}), got a list"},
+      {"metadata a path", with_volume({}, "    metadata: /m\n"), 13,
+       "volumes[0].metadata: expected a map of node: path"},
+      {"metadata_path for metadata", with_volume({}, "    metadata_path: {n1: /m}\n"), 13,
+       "unknown key 'metadata_path' (did you mean 'metadata'?)"},
+      {"relative metadata path", with_volume({}, "    metadata: {n1: /m, n2: m.pool}\n"), 13,
+       "volumes[0].metadata.n2: 'm.pool' is not an absolute path"},
+      {"metadata of an unknown node", with_volume({}, "    metadata: {n7: /m}\n"), 13,
+       "volumes[0].metadata: 'n7' is not a node; nodes: n1, n2, n3"},
+      {"metadata of a node without a copy",
+       with_volume({{"replicas", "[n2]"}}, "    metadata:\n      n3: /m\n"), 14,
+       "volumes[0].metadata: node 'n3' holds no copy of volume 'v' (primary n1, replicas n2); "
+       "remove its metadata path"},
+      {"metadata node twice", with_volume({}, "    metadata: {n2: /a, n2: /b}\n"), 13,
+       "volumes[0].metadata: duplicate key 'n2' (first at <config>:13:16)"},
+      {"metadata on the data path", with_volume({}, "    metadata: {n2: /pmem/v}\n"), 13,
+       "volumes[0].metadata.n2: node 'n2' already uses '/pmem/v' (at <config>:10:11 (volume v)); "
+       "a metadata pool needs a file of its own"},
+      {"metadata shared by two volumes",
+       good + second("/pmem/w") + "    metadata: {n1: /pmem/v.pmirror}\n", 20,
+       "volumes[1].metadata.n1: node 'n1' already uses '/pmem/v.pmirror' (at <config>:10:11 "
+       "(metadata of volume v))"},
+      {"data path on another volume's metadata", good + second("/pmem//v.pmirror"), 17,
+       "volumes[1].paths.n1: node 'n1' already uses '/pmem//v.pmirror' for another volume (at "
+       "<config>:10:11 (metadata of volume v))"},
+      {"default metadata on another volume's data",
+       with_volume({}, "    metadata: {n1: /pmem/w.pmirror}\n") + second("/pmem/w"), 18,
+       "volumes[1].metadata.n1: the default metadata path '/pmem/w.pmirror' is already used on "
+       "node 'n1' (at <config>:13:20 (metadata of volume v)); give volume w its own under "
+       "`metadata:`"},
+      {"two daemons on one machine, one metadata pool",
+       "nodes:\n"
+       "  - {name: a, address: 10.0.0.1, state_pool: /a.state, control_socket: /a.sock}\n"
+       "  - {name: b, address: 10.0.0.1, port: 7451}\n"
+       "volumes:\n"
+       "  - {name: v, size: 1MiB, primary: a, replicas: [b], allowed_peers: [app],\n"
+       "     secret: 0123456789abcdef, paths: {a: /dev/dax0.0, b: /dev/dax1.0}}\n",
+       6,
+       "volumes[0].paths.b: nodes 'a' and 'b' share the address 10.0.0.1 and would both use "
+       "'/var/lib/pmirror/v.pmirror' (a: metadata of volume v, at <config>:6:43; b: metadata of "
+       "volume v); give one of them its own under `metadata:`"},
+      {"two daemons on one machine, one file",
+       "nodes:\n"
+       "  - {name: a, address: 10.0.0.1, state_pool: /a.state, control_socket: /a.sock}\n"
+       "  - {name: b, address: 10.0.0.1, port: 7451}\n"
+       "volumes:\n"
+       "  - {name: v, size: 1MiB, primary: a, replicas: [b], allowed_peers: [app],\n"
+       "     secret: 0123456789abcdef, path: /p, metadata: {a: /a.meta, b: /b.meta}}\n",
+       6,
+       "volumes[0].paths.b: nodes 'a' and 'b' share the address 10.0.0.1 and would both use '/p' "
+       "(a: volume v, at <config>:6:38; b: volume v); give one of them its own path"},
   };
 }
 
@@ -640,6 +803,58 @@ TEST(ClusterConfigTest, ParseDuration) {
     EXPECT_NE(d.status().message().find(c.fragment), std::string::npos)
         << c.text << ": " << d.status().message();
   }
+}
+
+TEST(ClusterConfigTest, ParseRate) {
+  EXPECT_EQ(*parse_rate("100MiB/s"), 100u << 20);
+  EXPECT_EQ(*parse_rate("1G/s"), 1u << 30);
+  EXPECT_EQ(*parse_rate("512 KiB/s"), 512u << 10);
+  EXPECT_EQ(*parse_rate("4096/s"), 4096u);
+  EXPECT_EQ(*parse_rate("unlimited"), 0u);
+  EXPECT_EQ(*parse_rate("0"), 0u);
+  EXPECT_EQ(*parse_rate("0/s"), 0u);
+  for (const char* bad : {"", "/s", "100MiB", "100MiB/m", "fast", "1.5GiB/s", "-1M/s", "100X/s",
+                          "Unlimited", "100MiB/s "}) {
+    auto rate = parse_rate(bad);
+    EXPECT_FALSE(rate.ok()) << bad;
+    if (!rate.ok()) {
+      EXPECT_EQ(rate.status().code(), Errc::kInvalidArgument);
+      EXPECT_EQ(rate.status().message().rfind("invalid rate '" + std::string(bad) + "': ", 0), 0u)
+          << rate.status().message();
+    }
+  }
+}
+
+TEST(ClusterConfigTest, RecoveryKeysOfOneVolume) {
+  auto config = parse_cluster_config(with_volume({{"path", "/dev/dax0.0"}},
+                                                 "    chunk: 1MiB\n"
+                                                 "    resync_rate: 4KiB/s\n"  // below the minimum
+                                                 "    after_split_brain: refuse\n"));
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().message(),
+            "<config>:14:18: volumes[0].resync_rate: '4KiB/s' is 4096 bytes per second; the least "
+            "is 1MiB/s (did you mean MiB/s?), or 'unlimited'");
+  config = parse_cluster_config(with_volume({{"path", "/dev/dax0.0"}},
+                                            "    chunk: 4KiB\n"
+                                            "    resync_rate: 1MiB/s\n"
+                                            "    after_split_brain: overwrite_replica\n"
+                                            "    metadata:\n"
+                                            "      n3: /mnt/pmem/v.meta\n"
+                                            "      n1: /mnt/pmem//v.meta\n"));
+  ASSERT_TRUE(config.ok()) << config.status().to_string();
+  const ClusterVolume& v = config->volumes[0];
+  EXPECT_EQ(v.chunk, 4096u);
+  EXPECT_EQ(v.resync_rate, 1u << 20);
+  EXPECT_EQ(v.after_split_brain, SplitBrainPolicy::kOverwriteReplica);
+  // As written; a device path's default lives in /var/lib/pmirror.
+  EXPECT_EQ(v.metadata_paths,
+            (std::map<std::string, std::string>{{"n1", "/mnt/pmem//v.meta"},
+                                                {"n2", "/var/lib/pmirror/v.pmirror"},
+                                                {"n3", "/mnt/pmem/v.meta"}}));
+  // `metadata:` with nothing under it: every default.
+  config = parse_cluster_config(with_volume({}, "    metadata:\n"));
+  ASSERT_TRUE(config.ok()) << config.status().to_string();
+  EXPECT_EQ(config->volumes[0].metadata_paths.at("n2"), "/pmem/v.pmirror");
 }
 
 TEST(ClusterConfigTest, ParseHostPort) {
@@ -904,6 +1119,15 @@ TEST(ClusterConfigTest, ExampleFileParses) {
   ASSERT_EQ(cluster->volumes.size(), 2u);
   EXPECT_EQ(cluster->volumes[0].ack, 2u);
   EXPECT_EQ(cluster->volumes[1].ack, 1u);
+  EXPECT_EQ(cluster->volumes[0].chunk, 64u << 10);
+  EXPECT_EQ(cluster->volumes[0].resync_rate, 100u << 20);
+  EXPECT_EQ(cluster->volumes[0].after_split_brain, SplitBrainPolicy::kRefuse);
+  EXPECT_EQ(cluster->volumes[0].metadata_paths,
+            (std::map<std::string, std::string>{{"node1", "/mnt/pmem/db0.pmirror"},
+                                                {"node2", "/mnt/pmem/db0.pmirror"},
+                                                {"node3", "/mnt/pmem/db0.pmirror"}}));
+  EXPECT_EQ(cluster->volumes[1].resync_rate, 0u);
+  EXPECT_EQ(cluster->volumes[1].metadata_paths.at("node2"), "/var/lib/pmirror/log0.img.pmirror");
 
   auto node2 = daemon_config_for(*cluster, "node2");
   ASSERT_TRUE(node2.ok()) << node2.status().to_string();
@@ -919,10 +1143,15 @@ TEST(ClusterConfigTest, ExampleFileParses) {
   ASSERT_TRUE(node3.ok()) << node3.status().to_string();
   ASSERT_EQ(node3->volumes.size(), 1u);
   EXPECT_EQ(node3->volumes[0].path, "/mnt/pmem/db0");
+  auto node1 = daemon_config_for(*cluster, "node1");  // the primary of both
+  ASSERT_TRUE(node1.ok()) << node1.status().to_string();
+  ASSERT_EQ(node1->volumes.size(), 2u);
+  EXPECT_TRUE(node1->volumes[0].configured_primary);
   auto plan = initiator_plan(*cluster, "db0", "node1");
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   EXPECT_EQ(plan->replicas.size(), 2u);
   EXPECT_EQ(plan->ack, 2u);
+  EXPECT_EQ(plan->metadata_path, "/mnt/pmem/db0.pmirror");
 }
 
 }  // namespace

@@ -75,6 +75,201 @@ TEST(ControlFormat, Events) {
             "16:01:04 checkpoint");
 }
 
+// The recovery fields (docs/control.md): split brain, resync progress,
+// dirty bytes, the copy object with a promoted copy.
+TEST(ControlFormat, StatusWithRecoveryFields) {
+  json initiator = json::parse(R"({
+    "process": {"kind": "initiator", "pid": 4242, "identity": "app1"},
+    "volumes": [{
+      "name": "db0", "role": "primary", "size": 67108864, "generation": "9f3a2b1c4d5e6f70",
+      "chunk_size": 65536, "some_future_field": {"x": [1, 2]},
+      "peers": [
+        {"name": "node2", "state": "syncing", "since": "2026-11-29T16:03:10Z",
+         "reason": "catching up", "future": true,
+         "resync": {"done_bytes": 12582912, "left_bytes": 54525952, "total_bytes": 67108864,
+                    "rate_bytes_per_s": 99824435, "eta_seconds": 1, "full": false}},
+        {"name": "node3", "state": "disconnected", "since": "2026-11-29T16:03:10Z",
+         "reason": "connection refused", "dirty_bytes": 3355443, "dirty_chunks": 52},
+        {"name": "node4", "state": "split-brain", "since": "2026-11-29T16:03:10Z",
+         "reason": "both copies moved on from generation 12ab34cd56ef7890"},
+        {"name": "node5", "state": "connected", "since": "2026-11-29T16:03:10Z",
+         "dirty_bytes": 0, "resynced_bytes": 4194304, "resynced_chunks": 64},
+        {"name": "node6", "state": "syncing", "since": "2026-11-29T16:03:10Z",
+         "resync": {"done_bytes": 0, "left_bytes": 67108864, "rate_bytes_per_s": 1048576,
+                    "full": true}},
+        {"name": "node7", "state": "disconnected", "since": "2026-11-29T16:03:10Z",
+         "dirty_bytes": 131072}
+      ]
+    }]
+  })");
+  json daemon = json::parse(R"({
+    "process": {"kind": "pmirrord", "pid": 99, "node": "node2"},
+    "volumes": [
+      {"name": "db1", "role": "replica", "size": 268435456, "backing": "devdax",
+       "generation": 3, "last_sequence": 4567,
+       "copy": {"uuid": "1b4e28ba-2fa1-11d2-883f-0016d3cca427", "generation": "9f3a2b1c4d5e6f70",
+                "history": ["12ab34cd56ef7890", "0000000000000007"], "consistent": true,
+                "promoted": true, "clean": false},
+       "peers": []},
+      {"name": "db2", "role": "replica", "size": 4096, "generation": 1,
+       "copy": {"in_use_by_local_primary": true}, "peers": []},
+      {"name": "db3", "role": "replica", "size": 4096, "generation": 1,
+       "copy": {"error": "cannot open /x.pmirror: No such file or directory"}, "peers": []}
+    ]
+  })");
+  EXPECT_EQ(
+      format_status_human(merge_status({daemon, initiator}), std::nullopt,
+                          at("2026-11-29T16:03:15Z")),
+      "db0 role:primary size:64MiB generation:9f3a2b1c4d5e6f70 (initiator app1, pid 4242)\n"
+      "  node2 connection:syncing since 16:03:10 (5s ago) reason: catching up\n"
+      "    syncing 12.0 MiB / 64.0 MiB (18%), 95.2 MiB/s, ETA 1s\n"
+      "  node3 connection:disconnected since 16:03:10 (5s ago) reason: connection refused\n"
+      "    behind by 3.2 MiB (52 chunks)\n"
+      "  node4 connection:split-brain since 16:03:10 (5s ago) reason: both copies moved on from "
+      "generation 12ab34cd56ef7890\n"
+      "    split brain: both copies were written since they last agreed; nothing is copied until "
+      "an operator chooses (docs/replica-recovery.md)\n"
+      "  node5 connection:connected since 16:03:10 (5s ago) resynced:4MiB\n"
+      "  node6 connection:syncing since 16:03:10 (5s ago)\n"
+      "    full sync 0 B / 64.0 MiB (0%), 1.0 MiB/s, ETA 1m04s\n"
+      "  node7 connection:disconnected since 16:03:10 (5s ago)\n"
+      "    behind by 128.0 KiB (2 chunks)\n"
+      "db1 role:replica PROMOTED size:256MiB backing:devdax generation:9f3a2b1c4d5e6f70 "
+      "last-seq:4567 (pmirrord node2)\n"
+      "  this copy: uuid:1b4e28ba-2fa1-11d2-883f-0016d3cca427 "
+      "history:12ab34cd56ef7890,0000000000000007 consistent:yes clean:no promoted:yes\n"
+      "  (no peers)\n"
+      "db2 role:replica size:4KiB generation:1 (pmirrord node2)\n"
+      "  this copy: in use by the primary on this node (libpmirror has it open)\n"
+      "  (no peers)\n"
+      "db3 role:replica size:4KiB generation:1 (pmirrord node2)\n"
+      "  this copy: error: cannot open /x.pmirror: No such file or directory\n"
+      "  (no peers)\n");
+}
+
+TEST(ControlFormat, Generations) {
+  EXPECT_EQ(format_generation(json("9f3a2b1c4d5e6f70")), "9f3a2b1c4d5e6f70");
+  EXPECT_EQ(format_generation(json(3)), "3");  // a legacy counter
+  EXPECT_EQ(format_generation(json(0x9f3a2b1c4d5e6f70ull)), "9f3a2b1c4d5e6f70");
+  EXPECT_EQ(format_generation(json(int64_t{1} << 40)), "0000010000000000");
+  EXPECT_EQ(format_generation(json()), "");
+  EXPECT_EQ(format_generation(json::array()), "");
+}
+
+TEST(ControlFormat, AmountsAndEtas) {
+  EXPECT_EQ(format_amount(0), "0 B");
+  EXPECT_EQ(format_amount(1023), "1023 B");
+  EXPECT_EQ(format_amount(1024), "1.0 KiB");
+  EXPECT_EQ(format_amount(12ull << 20), "12.0 MiB");
+  EXPECT_EQ(format_amount(3355443), "3.2 MiB");
+  EXPECT_EQ(format_amount((1ull << 30) - 1), "1.0 GiB");  // not "1024.0 MiB"
+  EXPECT_EQ(format_amount(3ull << 39), "1.5 TiB");
+  EXPECT_EQ(format_eta(0), "0s");
+  EXPECT_EQ(format_eta(59), "59s");
+  EXPECT_EQ(format_eta(125), "2m05s");
+  EXPECT_EQ(format_eta(3720), "1h02m");
+  EXPECT_EQ(format_eta(93600), "1d02h");
+}
+
+TEST(ControlFormat, HasPrimaryVolume) {
+  EXPECT_TRUE(has_primary_volume(testing::initiator_status(), "db0"));
+  EXPECT_FALSE(has_primary_volume(testing::initiator_status(), "db1"));
+  EXPECT_FALSE(has_primary_volume(testing::daemon_status(), "db1"));  // a replica
+  EXPECT_FALSE(has_primary_volume(json::object(), "db0"));
+  EXPECT_FALSE(has_primary_volume(json{{"volumes", 7}}, "db0"));
+}
+
+TEST(ControlFormat, Resync) {
+  EXPECT_EQ(format_resync_human(json::parse(
+                R"({"volume":"db0","peer":"node3","started":true,"dirty_bytes":3355443,
+                    "full":false})")),
+            "db0: resync of node3 started: 3.2 MiB to copy; follow it with `pmirrorctl status "
+            "db0`");
+  EXPECT_EQ(format_resync_human(json::parse(
+                R"({"volume":"db0","peer":"node3","started":true,"dirty_bytes":1073741824,
+                    "dirty_chunks":16384,"full":true})")),
+            "db0: full resync of node3 started: 1.0 GiB (16384 chunks) to copy; follow it with "
+            "`pmirrorctl status db0`");
+  EXPECT_EQ(format_resync_human(json::parse(
+                R"({"volume":"db0","peer":"node3","started":false,"reason":"nothing is dirty"})")),
+            "db0: no resync of node3 started: nothing is dirty");
+}
+
+json verify_result(size_t ranges, uint64_t count) {
+  json mismatches = json::array();
+  for (size_t i = 0; i < ranges; ++i) {
+    mismatches.push_back({{"offset", i * 0x20000}, {"length", 65536}});
+  }
+  return {{"volume", "db0"},
+          {"chunk_size", 65536},
+          {"peers",
+           {{{"name", "node2"},
+             {"chunks_compared", 16384},
+             {"bytes_compared", 1073741824},
+             {"mismatches", json::array()},
+             {"mismatch_count", 0},
+             {"marked_dirty", 0}},
+            {{"name", "node3"},
+             {"chunks_compared", 16384},
+             {"bytes_compared", 1073741824},
+             {"mismatches", mismatches},
+             {"mismatch_count", count},
+             {"marked_dirty", count}}}}};
+}
+
+TEST(ControlFormat, VerifyListsTheFirstRanges) {
+  json two = verify_result(2, 2);
+  EXPECT_EQ(format_verify_human(two),
+            "db0 node2: equal (16384 chunks, 1.0 GiB compared)\n"
+            "db0 node3: 2 mismatching ranges (16384 chunks, 1.0 GiB compared):\n"
+            "  offset 0x0 length 64.0 KiB\n"
+            "  offset 0x20000 length 64.0 KiB\n"
+            "  2 chunks marked dirty; the resync copies them\n");
+  EXPECT_EQ(verify_mismatches(two), 2u);
+  EXPECT_EQ(verify_failures(two), 0u);
+
+  // 25 listed, 30 found: the first 20, then how many more.
+  json many = verify_result(25, 30);
+  std::string text = format_verify_human(many);
+  EXPECT_NE(text.find("  offset 0x260000 length 64.0 KiB\n  ... and 10 more\n"), std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("0x280000"), std::string::npos) << text;  // the 21st
+  EXPECT_EQ(verify_mismatches(many), 30u);
+  EXPECT_NE(format_verify_human(many, 1).find("  offset 0x0 length 64.0 KiB\n  ... and 29 more\n"),
+            std::string::npos)
+      << format_verify_human(many, 1);
+
+  json equal = verify_result(0, 0);
+  EXPECT_EQ(verify_mismatches(equal), 0u);
+  EXPECT_EQ(format_verify_human(json{{"volume", "db0"}, {"peers", json::array()}}),
+            "db0: no replica was compared\n");
+
+  json failed = json::parse(R"({"volume":"db0","peers":[{"name":"node3",
+      "error":{"code":"connection error","message":"node3 is not connected"}}]})");
+  EXPECT_EQ(format_verify_human(failed), "db0 node3: not compared: node3 is not connected\n");
+  EXPECT_EQ(verify_failures(failed), 1u);
+  EXPECT_EQ(verify_mismatches(failed), 0u);
+}
+
+TEST(ControlFormat, PromoteAndDemote) {
+  EXPECT_EQ(format_promote_human(json::parse(
+                R"({"volume":"db1","node":"node2","generation":"9f3a2b1c4d5e6f70",
+                    "previous":"12ab34cd56ef7890","promoted":true,"forced":false})")),
+            "db1 promoted on node2: generation 9f3a2b1c4d5e6f70 (was 12ab34cd56ef7890)");
+  EXPECT_EQ(format_promote_human(json::parse(
+                R"({"volume":"db1","node":"node2","generation":"9f3a2b1c4d5e6f70",
+                    "previous":"12ab34cd56ef7890","promoted":true,"forced":true})")),
+            "db1 promoted on node2 (forced): generation 9f3a2b1c4d5e6f70 (was 12ab34cd56ef7890)");
+  EXPECT_EQ(format_promote_human(json::parse(
+                R"({"volume":"db1","node":"node2","generation":"9f3a2b1c4d5e6f70",
+                    "previous":"12ab34cd56ef7890","promoted":true,"already_promoted":true})")),
+            "db1 was already promoted on node2: generation 9f3a2b1c4d5e6f70");
+  EXPECT_EQ(format_promote_human(json::parse(
+                R"({"volume":"db1","node":"node2","promoted":false,
+                    "generation":"9f3a2b1c4d5e6f70"})")),
+            "db1 demoted on node2: generation 9f3a2b1c4d5e6f70; a replica again");
+}
+
 TEST(ControlFormat, Sizes) {
   EXPECT_EQ(format_size(0), "0B");
   EXPECT_EQ(format_size(100), "100B");

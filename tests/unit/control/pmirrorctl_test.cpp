@@ -10,8 +10,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "control/control.h"
 #include "unit/control/canned.h"
@@ -26,6 +28,36 @@ struct CtlRun {
   int code = -1;
   std::string out;
   std::string err;
+};
+
+// A control server's handler for the command tests: answers "status" with
+// a fixed object and every other command with `reply`, recording the
+// requests (on the server's threads) for the test to check.
+class Recorder {
+ public:
+  using Reply = std::function<Result<json>(const json& request)>;
+  Recorder(json status, Reply reply) : status_(std::move(status)), reply_(std::move(reply)) {}
+
+  Handler handler() {
+    return [this](const json& request) -> Result<json> {
+      if (request["command"] == "status") return status_;
+      {
+        std::lock_guard lock(mutex_);
+        requests_.push_back(request);
+      }
+      return reply_(request);
+    };
+  }
+  std::vector<json> requests() const {
+    std::lock_guard lock(mutex_);
+    return requests_;
+  }
+
+ private:
+  json status_;
+  Reply reply_;
+  mutable std::mutex mutex_;
+  std::vector<json> requests_;
 };
 
 std::string slurp(const std::string& path) {
@@ -273,6 +305,317 @@ TEST_F(Pmirrorctl, ConfigCheckOfABadFileIsExitCode2) {
   EXPECT_NE(r.err.find(dir_ + "/cluster.yaml"), std::string::npos) << r.err;
   CtlRun missing = run("config check " + dir_ + "/missing.yaml");
   EXPECT_EQ(missing.code, 2);
+}
+
+// ---- resync / verify / promote / demote ------------------------------
+
+json resync_reply(const json& request) {
+  return {{"volume", request["volume"]},
+          {"peer", request["peer"]},
+          {"started", true},
+          {"dirty_bytes", request["full"] == true ? 1073741824 : 3355443},
+          {"full", request["full"]}};
+}
+
+// A verify of node2 (equal) and node3 (`count` mismatching ranges, 25 listed).
+json verify_reply(uint64_t count) {
+  json mismatches = json::array();
+  for (uint64_t i = 0; i < std::min<uint64_t>(count, 25); ++i) {
+    mismatches.push_back({{"offset", i * 0x20000}, {"length", 65536}});
+  }
+  return {{"volume", "db0"},
+          {"chunk_size", 65536},
+          {"peers",
+           {{{"name", "node2"},
+             {"chunks_compared", 16384},
+             {"bytes_compared", 1073741824},
+             {"mismatches", json::array()},
+             {"mismatch_count", 0},
+             {"marked_dirty", 0}},
+            {{"name", "node3"},
+             {"chunks_compared", 16384},
+             {"bytes_compared", 1073741824},
+             {"mismatches", mismatches},
+             {"mismatch_count", count},
+             {"marked_dirty", 0}}}}};
+}
+
+class PmirrorctlCommands : public Pmirrorctl {
+ protected:
+  // pmirrord (replica of db1, db2) with `daemon`; the primary of db0 with
+  // `primary` as our pid; another libpmirror process (pid 1's name: any
+  // name does) with a volume "other" open as primary.
+  void serve(Recorder* daemon, Recorder* primary) {
+    if (daemon != nullptr) {
+      auto server = Server::start(daemon_socket_path(dir_), daemon->handler());
+      ASSERT_TRUE(server.ok()) << server.status().message();
+      daemon_ = std::move(server).value();
+    }
+    if (primary != nullptr) {
+      auto server = Server::start(initiator_socket_path(::getpid(), dir_), primary->handler());
+      ASSERT_TRUE(server.ok()) << server.status().message();
+      initiator_ = std::move(server).value();
+    }
+    auto other = Server::start(initiator_socket_path(1, dir_), other_.handler());
+    ASSERT_TRUE(other.ok()) << other.status().message();
+    other_server_ = std::move(other).value();
+  }
+  void TearDown() override {
+    stop();
+    Pmirrorctl::TearDown();
+  }
+  // Joins the servers' threads, so that no handler runs on (or after) the
+  // test's locals: declare it after them.
+  void stop() {
+    daemon_.reset();
+    initiator_.reset();
+    other_server_.reset();
+  }
+  struct Stopper {
+    PmirrorctlCommands* test;
+    ~Stopper() { test->stop(); }
+  };
+  Stopper stop_at_exit() { return Stopper{this}; }
+
+  static json other_status() {
+    json status = testing::initiator_status();
+    status["process"]["pid"] = 1;
+    status["volumes"][0]["name"] = "other";
+    return status;
+  }
+
+  Recorder other_{other_status(), [](const json&) -> Result<json> {
+                    return Status(Errc::kInternal, "the wrong process was asked");
+                  }};
+  std::unique_ptr<Server> other_server_;
+};
+
+TEST_F(PmirrorctlCommands, ResyncGoesToTheProcessWithThePrimary) {
+  Recorder daemon(testing::daemon_status(), [](const json&) -> Result<json> { return json(); });
+  Recorder primary(testing::initiator_status(), resync_reply);
+  serve(&daemon, &primary);
+  auto stopper = stop_at_exit();
+
+  CtlRun r = run("resync db0 --peer node3");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(r.out,
+            "db0: resync of node3 started: 3.2 MiB to copy; follow it with `pmirrorctl status "
+            "db0`\n");
+  CtlRun j = run("resync db0 --peer node3 --full --json");
+  EXPECT_EQ(j.code, 0) << j.err;
+  EXPECT_EQ(json::parse(j.out), json::parse(R"({"volume":"db0","peer":"node3","started":true,
+                                               "dirty_bytes":1073741824,"full":true})"));
+
+  auto requests = primary.requests();
+  ASSERT_EQ(requests.size(), 2u);
+  EXPECT_EQ(requests[0],
+            json::parse(R"({"command":"resync","volume":"db0","peer":"node3","full":false})"));
+  EXPECT_EQ(requests[1],
+            json::parse(R"({"command":"resync","volume":"db0","peer":"node3","full":true})"));
+  EXPECT_TRUE(other_.requests().empty());
+  EXPECT_TRUE(daemon.requests().empty());
+}
+
+TEST_F(PmirrorctlCommands, ResyncOfAVolumeNotOpenAsPrimaryHere) {
+  Recorder daemon(testing::daemon_status(), [](const json&) -> Result<json> { return json(); });
+  Recorder primary(testing::initiator_status(), resync_reply);
+  serve(&daemon, &primary);
+  auto stopper = stop_at_exit();
+  // pmirrord holds db1: this is a replica's node.
+  CtlRun replica = run("resync db1 --peer node3");
+  EXPECT_EQ(replica.code, 1);
+  EXPECT_EQ(replica.out, "");
+  EXPECT_EQ(replica.err,
+            "pmirrorctl: volume 'db1' is not open as primary on this node: pmirrord here holds a "
+            "copy of it; run this on the node where the application has it open\n");
+  CtlRun unknown = run("verify nope");
+  EXPECT_EQ(unknown.code, 1);
+  EXPECT_EQ(unknown.err,
+            "pmirrorctl: no process on this node has volume 'nope' open as primary; open as "
+            "primary here: other, db0\n");
+  EXPECT_TRUE(primary.requests().empty());
+}
+
+TEST_F(Pmirrorctl, ResyncWithNothingRunningIsExitCode3) {
+  CtlRun r = run("resync db0 --peer node3");
+  EXPECT_EQ(r.code, 3);
+  EXPECT_EQ(r.err,
+            "pmirrorctl: no process on this node has a volume open through libpmirror (no live "
+            "initiator-PID.sock in " +
+                dir_ + ")\n");
+}
+
+TEST_F(PmirrorctlCommands, RefusalsAndErrorsOfTheProcess) {
+  Status answer = Status(Errc::kFailedPrecondition, "node3 is in split brain");
+  std::mutex mutex;
+  Recorder primary(testing::initiator_status(), [&](const json& request) -> Result<json> {
+    std::lock_guard lock(mutex);
+    if (answer.code() == Errc::kInvalidArgument) return unknown_command(request);
+    return answer;
+  });
+  serve(nullptr, &primary);
+  auto stopper = stop_at_exit();
+  struct Case {
+    Status status;
+    int code;
+    std::string err;
+  };
+  const Case cases[] = {
+      {Status(Errc::kFailedPrecondition, "node3 is in split brain"), 7,
+       "pmirrorctl: node3 is in split brain\n"},
+      {Status(Errc::kBusy, "a resync of node3 is running"), 7,
+       "pmirrorctl: a resync of node3 is running\n"},
+      {Status(Errc::kNotFound, "no replica 'node9' of db0"), 1,
+       "pmirrorctl: no replica 'node9' of db0\n"},
+      {Status(Errc::kConnectionError, "node3 is not connected"), 5,
+       "pmirrorctl: node3 is not connected\n"},
+      {Status(Errc::kInvalidArgument, ""), 5,
+       "pmirrorctl: unknown command 'resync' (that process runs an older pmirror than this "
+       "pmirrorctl)\n"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.err);
+    {
+      std::lock_guard lock(mutex);
+      answer = c.status;
+    }
+    CtlRun r = run("resync db0 --peer node3");
+    EXPECT_EQ(r.code, c.code);
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(r.err, c.err);
+  }
+}
+
+TEST_F(PmirrorctlCommands, VerifyReportsMismatchesWithExitCode6) {
+  uint64_t count = 30;
+  std::mutex mutex;
+  Recorder primary(testing::initiator_status(), [&](const json&) -> Result<json> {
+    std::lock_guard lock(mutex);
+    return verify_reply(count);
+  });
+  serve(nullptr, &primary);
+  auto stopper = stop_at_exit();
+
+  CtlRun r = run("verify db0 --peer node3 --mark-dirty");
+  EXPECT_EQ(r.code, 6) << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(r.out.rfind("db0 node2: equal (16384 chunks, 1.0 GiB compared)\n"
+                        "db0 node3: 30 mismatching ranges (16384 chunks, 1.0 GiB compared):\n"
+                        "  offset 0x0 length 64.0 KiB\n",
+                        0),
+            0u)
+      << r.out;
+  EXPECT_NE(r.out.find("  offset 0x260000 length 64.0 KiB\n  ... and 10 more\n"), std::string::npos)
+      << r.out;
+
+  CtlRun j = run("verify db0 --json");
+  EXPECT_EQ(j.code, 6);
+  EXPECT_EQ(json::parse(j.out), verify_reply(30));
+
+  {
+    std::lock_guard lock(mutex);
+    count = 0;
+  }
+  CtlRun equal = run("verify db0");
+  EXPECT_EQ(equal.code, 0) << equal.err;
+  EXPECT_EQ(equal.out,
+            "db0 node2: equal (16384 chunks, 1.0 GiB compared)\n"
+            "db0 node3: equal (16384 chunks, 1.0 GiB compared)\n");
+
+  auto requests = primary.requests();
+  ASSERT_EQ(requests.size(), 3u);
+  EXPECT_EQ(requests[0], json::parse(R"({"command":"verify","volume":"db0","peer":"node3",
+                                         "mark_dirty":true})"));
+  // No --peer: no "peer" (every connected replica).
+  EXPECT_EQ(requests[1], json::parse(R"({"command":"verify","volume":"db0","mark_dirty":false})"));
+}
+
+TEST_F(PmirrorctlCommands, VerifyHonoursTimeout) {
+  Recorder primary(testing::initiator_status(), [](const json&) -> Result<json> {
+    std::this_thread::sleep_for(1500ms);
+    return verify_reply(0);
+  });
+  serve(nullptr, &primary);
+  auto stopper = stop_at_exit();
+  CtlRun r = run("--timeout 300 verify db0");
+  EXPECT_EQ(r.code, 5);
+  EXPECT_NE(
+      r.err.find("no answer from " + initiator_socket_path(::getpid(), dir_) + " within 300 ms"),
+      std::string::npos)
+      << r.err;
+}
+
+TEST_F(PmirrorctlCommands, PromoteAndDemoteGoToPmirrord) {
+  Recorder daemon(testing::daemon_status(), [](const json& request) -> Result<json> {
+    if (request["command"] == "demote") {
+      return json{{"volume", request["volume"]},
+                  {"node", "node2"},
+                  {"promoted", false},
+                  {"generation", "9f3a2b1c4d5e6f70"}};
+    }
+    if (request["volume"] != "db1") return Status(Errc::kNotFound, "no volume 'db9' on node node2");
+    if (request["force"] != true) {
+      return Status(Errc::kBusy,
+                    "volume 'db1' is being written by app1@10.0.0.1; stop it or use --force");
+    }
+    return json{{"volume", "db1"},
+                {"node", "node2"},
+                {"generation", "9f3a2b1c4d5e6f70"},
+                {"previous", "12ab34cd56ef7890"},
+                {"promoted", true},
+                {"forced", true}};
+  });
+  Recorder primary(testing::initiator_status(), resync_reply);
+  serve(&daemon, &primary);
+  auto stopper = stop_at_exit();
+
+  CtlRun busy = run("promote db1");
+  EXPECT_EQ(busy.code, 7);
+  EXPECT_EQ(busy.err,
+            "pmirrorctl: volume 'db1' is being written by app1@10.0.0.1; stop it or use --force\n");
+  CtlRun forced = run("promote db1 --force");
+  EXPECT_EQ(forced.code, 0) << forced.err;
+  EXPECT_EQ(forced.out,
+            "db1 promoted on node2 (forced): generation 9f3a2b1c4d5e6f70 (was 12ab34cd56ef7890)\n");
+  CtlRun missing = run("promote db9 --force --json");
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_EQ(missing.out, "");
+  CtlRun demote = run("demote db1");
+  EXPECT_EQ(demote.code, 0) << demote.err;
+  EXPECT_EQ(demote.out, "db1 demoted on node2: generation 9f3a2b1c4d5e6f70; a replica again\n");
+  CtlRun demote_json = run("demote db1 --json");
+  EXPECT_EQ(demote_json.code, 0);
+  EXPECT_EQ(json::parse(demote_json.out)["promoted"], false);
+
+  auto requests = daemon.requests();
+  ASSERT_EQ(requests.size(), 5u);
+  EXPECT_EQ(requests[0], json::parse(R"({"command":"promote","volume":"db1","force":false})"));
+  EXPECT_EQ(requests[1], json::parse(R"({"command":"promote","volume":"db1","force":true})"));
+  EXPECT_EQ(requests[2], json::parse(R"({"command":"promote","volume":"db9","force":true})"));
+  EXPECT_EQ(requests[3], json::parse(R"({"command":"demote","volume":"db1"})"));
+  EXPECT_TRUE(primary.requests().empty());
+}
+
+TEST_F(Pmirrorctl, PromoteWithoutPmirrordIsExitCode3) {
+  CtlRun r = run("promote db1");
+  EXPECT_EQ(r.code, 3);
+  EXPECT_EQ(r.err,
+            "pmirrorctl: pmirrord is not running (no socket at " + dir_ + "/pmirrord.sock)\n");
+  EXPECT_EQ(run("--socket " + dir_ + "/elsewhere.sock demote db1").code, 3);
+}
+
+TEST_F(Pmirrorctl, CommandUsageErrorsAreExitCode1) {
+  EXPECT_EQ(run("resync db0").code, 1);           // --peer is required
+  EXPECT_EQ(run("resync --peer node2").code, 1);  // VOLUME is required
+  EXPECT_EQ(run("verify").code, 1);
+  EXPECT_EQ(run("verify db0 --full").code, 1);
+  EXPECT_EQ(run("promote").code, 1);
+  EXPECT_EQ(run("demote db1 --force").code, 1);
+  EXPECT_EQ(run("--timeout 0 verify db0").code, 1);
+  CtlRun help = run("resync --help");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.out.find("--full"), std::string::npos) << help.out;
 }
 
 }  // namespace
