@@ -1,5 +1,6 @@
 #include "transport/transport.h"
 
+#include "transport/fake/fake_transport.h"
 #include "transport/rdma/rdma_transport.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -11,6 +12,8 @@ std::string_view kind_name(Kind kind) {
       return "tcp";
     case Kind::kRdma:
       return "rdma";
+    case Kind::kFake:
+      return "fake";
   }
   return "unknown";
 }
@@ -43,6 +46,8 @@ Result<std::unique_ptr<Listener>> listen(Kind kind, const std::string& address, 
       return tcp_listen(address, port, options);
     case Kind::kRdma:
       return rdma_listen(address, port, options);
+    case Kind::kFake:
+      return fake::listen_installed(address, port, options);
   }
   return Status(Errc::kInvalidArgument, "listen: unknown transport kind");
 }
@@ -54,6 +59,8 @@ Result<std::unique_ptr<Connection>> connect(Kind kind, const std::string& addres
       return tcp_connect(address, port, options);
     case Kind::kRdma:
       return rdma_connect(address, port, options);
+    case Kind::kFake:
+      return fake::connect_installed(address, port, options);
   }
   return Status(Errc::kInvalidArgument, "connect: unknown transport kind");
 }

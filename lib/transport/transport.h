@@ -41,9 +41,13 @@
 
 namespace pmirror::transport {
 
-enum class Kind { kTcp, kRdma };
-std::string_view kind_name(Kind kind);
-Result<Kind> parse_kind(std::string_view text);  // "tcp" | "rdma"
+// kFake is the in-process fake fabric (fake/fake_transport.h), for tests
+// only: listen/connect reach the FakeFabric installed with
+// fake::install_fabric. parse_kind never returns it, so no configuration
+// file or user can select it.
+enum class Kind { kTcp, kRdma, kFake };
+std::string_view kind_name(Kind kind);           // "tcp" | "rdma" | "fake"
+Result<Kind> parse_kind(std::string_view text);  // "tcp" | "rdma" only
 
 // Access a peer is given to a registration (bit set).
 enum Access : uint32_t {

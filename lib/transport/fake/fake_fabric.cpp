@@ -31,6 +31,17 @@ std::string hex(uint64_t v) {
   return "0x" + s;
 }
 
+// > 0 while this thread runs a PersistFn the fabric called (with its lock
+// held): mark_durable() from there must neither lock nor do anything.
+thread_local int t_in_persist_fn = 0;
+
+struct InPersistFn {
+  InPersistFn() { ++t_in_persist_fn; }
+  ~InPersistFn() { --t_in_persist_fn; }
+  InPersistFn(const InPersistFn&) = delete;
+  InPersistFn& operator=(const InPersistFn&) = delete;
+};
+
 }  // namespace
 
 namespace detail {
@@ -104,11 +115,19 @@ class FakeConnection;
 
 struct ListenerState {
   ConnectionOptions options;
+  uint16_t port = 0;
   std::deque<std::unique_ptr<Connection>> backlog;
   bool shut = false;
 };
 
 enum class Exec { kDone, kBlocked, kNone };
+
+struct CrashTrigger {
+  uint64_t remaining = 0;
+  std::string node;  // empty: everything
+  CrashOptions options;
+  std::string counted_node;  // empty: every node's operations count
+};
 
 struct Hub {
   explicit Hub(const FabricOptions& o) : options(o) {}
@@ -125,6 +144,10 @@ struct Hub {
   std::map<uint32_t, Reg> regs;
   std::map<uintptr_t, Medium> media;
   std::map<std::string, ListenerState> listeners;
+  std::optional<CrashTrigger> trigger;
+  uint64_t crashes = 0;
+  uint64_t executed_total = 0;
+  std::map<std::string, uint64_t> executed_by_node;
 
   // ---- media
 
@@ -320,6 +343,7 @@ struct Hub {
         else
           merged.push_back(r);
       }
+      InPersistFn in_persist_fn;
       for (auto& r : merged)
         it->second.persist(reinterpret_cast<const void*>(r.first), r.second - r.first);
     }
@@ -418,7 +442,58 @@ struct Hub {
     } else {
       --e.outstanding;
     }
+    count_executed(e);
     return Exec::kDone;
+  }
+
+  // An operation posted from e executed successfully: counts it, and fires
+  // an armed crash_after() whose count it completes.
+  void count_executed(const End& e) {
+    ++executed_total;
+    ++executed_by_node[e.node];
+    if (!trigger || (!trigger->counted_node.empty() && trigger->counted_node != e.node)) return;
+    if (trigger->remaining > 0) --trigger->remaining;
+    if (trigger->remaining == 0) fire_trigger();
+  }
+
+  void fire_trigger() {
+    CrashTrigger t = std::move(*trigger);
+    trigger.reset();
+    if (t.node.empty()) {
+      crash_everything(t.options);
+    } else {
+      crash_node(t.node, t.options);
+    }
+  }
+
+  // ---- crashes (lock held)
+
+  void crash_node(const std::string& node, const CrashOptions& options) {
+    ++crashes;
+    std::string why = "node " + node + " crashed (injected)";
+    for (auto& [id, e] : ends) {
+      if (e.broken) continue;
+      auto peer = ends.find(e.peer);
+      bool hit = e.node == node || (peer != ends.end() && peer->second.node == node);
+      if (!hit) continue;
+      Status theirs = peer == ends.end() ? Status() : lost(peer->second, why);
+      break_pair(e, lost(e, why), std::move(theirs));
+    }
+    std::mt19937_64 rng(options.seed);
+    for (auto& [base, m] : media)
+      if (m.node == node) rollback(m, options, rng);
+  }
+
+  void crash_everything(const CrashOptions& options) {
+    ++crashes;
+    for (auto& [id, e] : ends) {
+      if (e.broken) continue;
+      auto peer = ends.find(e.peer);
+      Status theirs = peer == ends.end() ? Status() : lost(peer->second, "everything crashed");
+      break_pair(e, lost(e, "everything crashed (injected)"), std::move(theirs));
+    }
+    std::mt19937_64 rng(options.seed);
+    for (auto& [base, m] : media) rollback(m, options, rng);
   }
 
   // Immediate mode: executes everything runnable.
@@ -731,13 +806,23 @@ std::shared_ptr<FakeFabric> FakeFabric::create(const FabricOptions& options) {
 }
 
 Result<std::unique_ptr<Listener>> FakeFabric::listen(const std::string& name,
-                                                     const ConnectionOptions& options) {
+                                                     const ConnectionOptions& options,
+                                                     uint16_t port) {
   std::lock_guard lk(hub_->mu);
   auto [it, inserted] = hub_->listeners.try_emplace(name);
   if (!inserted)
     return Status(Errc::kAlreadyExists, "listen on fake:" + name + ": already listening there");
   it->second.options = options;
-  return std::unique_ptr<Listener>(new detail::FakeListener(hub_, name, hub_->next_port++));
+  it->second.port = port != 0 ? port : hub_->next_port++;
+  return std::unique_ptr<Listener>(new detail::FakeListener(hub_, name, it->second.port));
+}
+
+Result<uint16_t> FakeFabric::port_of(const std::string& name) const {
+  std::lock_guard lk(hub_->mu);
+  auto it = hub_->listeners.find(name);
+  if (it == hub_->listeners.end() || it->second.shut)
+    return Status(Errc::kNotFound, "fake:" + name + ": nobody is listening there");
+  return it->second.port;
 }
 
 Result<std::unique_ptr<Connection>> FakeFabric::connect(const std::string& name,
@@ -852,6 +937,7 @@ void FakeFabric::persist(const void* addr, size_t len) {
   auto a = reinterpret_cast<uintptr_t>(addr);
   uintptr_t b = a + len;
   hub_->persist_range(a, b);
+  InPersistFn in_persist_fn;
   for (auto& [rkey, reg] : hub_->regs) {
     auto ra = reinterpret_cast<uintptr_t>(reg.base);
     uintptr_t rb = ra + reg.length;
@@ -860,10 +946,17 @@ void FakeFabric::persist(const void* addr, size_t len) {
   }
 }
 
+void FakeFabric::mark_durable(const void* addr, size_t len) {
+  if (t_in_persist_fn > 0 || len == 0) return;
+  std::lock_guard lk(hub_->mu);
+  auto a = reinterpret_cast<uintptr_t>(addr);
+  hub_->persist_range(a, a + len);
+}
+
 PersistFn FakeFabric::tracking_persist_fn(PersistFn real) {
   std::weak_ptr<Hub> weak = hub_;
   return [weak, real = std::move(real)](const void* addr, size_t len) {
-    if (auto hub = weak.lock()) {
+    if (auto hub = weak.lock(); hub && t_in_persist_fn == 0) {
       std::lock_guard lk(hub->mu);
       auto a = reinterpret_cast<uintptr_t>(addr);
       hub->persist_range(a, a + len);
@@ -874,22 +967,12 @@ PersistFn FakeFabric::tracking_persist_fn(PersistFn real) {
 
 void FakeFabric::crash(const std::string& node, const CrashOptions& options) {
   std::lock_guard lk(hub_->mu);
-  std::string why = "node " + node + " crashed (injected)";
-  for (auto& [id, e] : hub_->ends) {
-    if (e.broken) continue;
-    auto peer = hub_->ends.find(e.peer);
-    bool hit = e.node == node || (peer != hub_->ends.end() && peer->second.node == node);
-    if (!hit) continue;
-    Status theirs = peer == hub_->ends.end() ? Status() : hub_->lost(peer->second, why);
-    hub_->break_pair(e, hub_->lost(e, why), std::move(theirs));
-  }
-  std::mt19937_64 rng(options.seed);
-  for (auto& [base, m] : hub_->media)
-    if (m.node == node) Hub::rollback(m, options, rng);
+  hub_->crash_node(node, options);
 }
 
 void FakeFabric::crash(const MemoryRegion& region, const CrashOptions& options) {
   std::lock_guard lk(hub_->mu);
+  ++hub_->crashes;
   auto it = hub_->regs.find(region.remote_key().rkey);
   if (it != hub_->regs.end()) {
     auto e = hub_->ends.find(it->second.end);
@@ -908,15 +991,31 @@ void FakeFabric::crash(const MemoryRegion& region, const CrashOptions& options) 
 
 void FakeFabric::crash_all(const CrashOptions& options) {
   std::lock_guard lk(hub_->mu);
-  for (auto& [id, e] : hub_->ends) {
-    if (e.broken) continue;
-    auto peer = hub_->ends.find(e.peer);
-    Status theirs =
-        peer == hub_->ends.end() ? Status() : hub_->lost(peer->second, "everything crashed");
-    hub_->break_pair(e, hub_->lost(e, "everything crashed (injected)"), std::move(theirs));
-  }
-  std::mt19937_64 rng(options.seed);
-  for (auto& [base, m] : hub_->media) Hub::rollback(m, options, rng);
+  hub_->crash_everything(options);
+}
+
+void FakeFabric::crash_after(uint64_t operations, const std::string& node,
+                             const CrashOptions& options, const std::string& counted_node) {
+  std::lock_guard lk(hub_->mu);
+  hub_->trigger = detail::CrashTrigger{operations, node, options, counted_node};
+  if (operations == 0) hub_->fire_trigger();
+}
+
+void FakeFabric::cancel_crash() {
+  std::lock_guard lk(hub_->mu);
+  hub_->trigger.reset();
+}
+
+uint64_t FakeFabric::crashes() const {
+  std::lock_guard lk(hub_->mu);
+  return hub_->crashes;
+}
+
+uint64_t FakeFabric::executed(const std::string& node) const {
+  std::lock_guard lk(hub_->mu);
+  if (node.empty()) return hub_->executed_total;
+  auto it = hub_->executed_by_node.find(node);
+  return it == hub_->executed_by_node.end() ? 0 : it->second;
 }
 
 Result<std::vector<std::byte>> FakeFabric::durable_bytes(const void* addr, size_t len) const {

@@ -27,8 +27,8 @@
 //  * when a later Read executes on the same connection (APM; the fabric then
 //    calls the registration's PersistFn on the flushed ranges, as tcp does),
 //    unless FabricOptions::read_flushes is false;
-//  * when the owner persists it: persist(addr, len), or a PersistFn obtained
-//    from tracking_persist_fn() (GPSPM).
+//  * when the owner persists it: persist(addr, len), mark_durable(addr, len),
+//    or a PersistFn obtained from tracking_persist_fn() (GPSPM).
 // A flush makes the *addresses* durable with their current contents, as a
 // CPU cache flush does. crash() rolls the visible bytes back to the durable
 // image: every Write not covered by a flush is dropped -- entirely, or (with
@@ -82,8 +82,13 @@ class FakeFabric {
 
   // A listener for `name` (kAlreadyExists if one is listening there). The
   // name is also the node that accepted connections belong to, for crash().
+  // `port` 0: Listener::port() is a per-fabric counter; otherwise that port
+  // (a label only: connections are made by name).
   Result<std::unique_ptr<Listener>> listen(const std::string& name,
-                                           const ConnectionOptions& options = {});
+                                           const ConnectionOptions& options = {},
+                                           uint16_t port = 0);
+  // The port of the listener `name` (kNotFound when nobody listens there).
+  Result<uint16_t> port_of(const std::string& name) const;
   // Connects to the listener `name`: the pair exists at once (the passive end
   // waits in the listener's backlog for accept()). `from` names the node of
   // the active end. kConnectionError when nobody listens there; kConfigError
@@ -132,7 +137,17 @@ class FakeFabric {
   void persist(const void* addr, size_t len);
   // A PersistFn that marks the range durable (no registration callbacks) and
   // then calls `real` -- to hand to code that persists through a PersistFn.
+  // Called from inside a PersistFn the fabric is calling, it only calls
+  // `real` (see mark_durable).
   PersistFn tracking_persist_fn(PersistFn real = {});
+  // The owner made [addr, addr+len) durable by itself (its CPU flushed it:
+  // pmem_persist, msync -- what a GPSPM target does on a PersistRequest):
+  // marks it durable in every tracked medium it overlaps, calls no
+  // PersistFn. Untracked memory is ignored. Called from inside a PersistFn
+  // the fabric is calling (a Read flush or persist() reaching the owner's
+  // persist code), it does nothing: the fabric marked the range already,
+  // and taking its lock again would deadlock.
+  void mark_durable(const void* addr, size_t len);
   // Ends track(): the medium holding addr is forgotten once no registration
   // uses it. Call it before freeing tracked memory.
   void untrack(const void* addr);
@@ -144,6 +159,19 @@ class FakeFabric {
   // Crashes the medium behind one registration, and breaks its connection.
   void crash(const MemoryRegion& region, const CrashOptions& options = {});
   void crash_all(const CrashOptions& options = {});
+  // Arms a crash at an exact point of the execution: once `operations` more
+  // operations posted from `counted_node` (every node when empty) have
+  // executed successfully, `node` crashes (crash_all when empty) at once,
+  // under the fabric's lock, before anything else executes -- after the
+  // completion of that last operation was queued. 0: crashes now. One
+  // trigger at a time; arming again replaces it.
+  void crash_after(uint64_t operations, const std::string& node, const CrashOptions& options = {},
+                   const std::string& counted_node = {});
+  void cancel_crash();
+  uint64_t crashes() const;  // crashes so far (any crash*, triggered or not)
+  // Operations executed successfully so far, posted from `node` (every
+  // node when empty): to measure a workload, then crash at each point of it.
+  uint64_t executed(const std::string& node = {}) const;
 
   // The durable image of [addr, addr+len), which must lie inside one tracked
   // medium (kNotFound otherwise).

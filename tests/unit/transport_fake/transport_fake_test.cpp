@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "transport/fake/fake_fabric.h"
+#include "transport/fake/fake_transport.h"
 #include "transport/transport.h"
 
 namespace pmirror::transport::fake {
@@ -918,6 +919,120 @@ TEST(FakeCrash, CrashAllDropsEverythingUnflushedEverywhere) {
   m.p.fabric->crash_all();
   EXPECT_EQ(back[0], std::byte{0});
   EXPECT_EQ(m.remote[0], std::byte{0});
+}
+
+// ------------------------------------------- crash_after, mark_durable
+
+TEST(FakeCrash, CrashAfterFiresAtThatOperationOfThatNode) {
+  Mirror m(4096);
+  m.p.fabric->crash_after(3, "target", {}, "initiator");
+  m.write(0, 8, std::byte{1});  // 1
+  m.read();                     // 2: flushes the first write
+  m.write(8, 8, std::byte{2});  // 3: the crash, right after it
+  EXPECT_EQ(m.p.fabric->crashes(), 1u);
+  EXPECT_EQ(m.remote[0], std::byte{1});
+  EXPECT_EQ(m.remote[8], std::byte{0});  // executed, never flushed
+  EXPECT_EQ(m.p.active->post_send(bytes_of("x"), 1).code(), Errc::kClosed);
+  EXPECT_EQ(m.p.fabric->executed("initiator"), 3u);
+  EXPECT_EQ(m.p.fabric->executed(), 3u);
+  // The Read's completion was queued before the crash's flush errors.
+  auto got = drain_until_closed(*m.p.active);
+  ASSERT_FALSE(got.empty());
+  EXPECT_EQ(got[0].opcode, Opcode::kRead);
+  EXPECT_TRUE(got[0].status.ok());
+}
+
+TEST(FakeCrash, CrashAfterCountsOnlyTheCountedNodeAndCanBeCancelled) {
+  Mirror m(4096);
+  m.p.fabric->crash_after(2, "", {}, "initiator");
+  ASSERT_TRUE(m.p.passive->post_send(bytes_of("ack"), 9).ok());  // the target's: not counted
+  m.write(0, 8, std::byte{1});
+  EXPECT_EQ(m.p.fabric->crashes(), 0u);
+  m.p.fabric->cancel_crash();
+  m.read();
+  m.write(8, 8, std::byte{2});
+  EXPECT_EQ(m.p.fabric->crashes(), 0u);
+  EXPECT_EQ(m.p.fabric->executed("target"), 1u);
+  EXPECT_EQ(m.p.fabric->executed("initiator"), 3u);
+  m.p.fabric->crash_after(0, "", CrashOptions{});  // 0: now, everything
+  EXPECT_EQ(m.p.fabric->crashes(), 1u);
+  EXPECT_EQ(m.remote[0], std::byte{1});
+  EXPECT_EQ(m.remote[8], std::byte{0});
+}
+
+TEST(FakeCrash, MarkDurableIsTheOwnersPersistAndIsReentrantFromAPersistFn) {
+  // A PersistFn that calls mark_durable (as the target's region persist
+  // does when a test routes pmem_msync to the fabric) must not deadlock.
+  std::shared_ptr<FakeFabric>* fabric_of_mirror = nullptr;
+  int calls = 0;
+  Mirror m(4096, [&](const void* a, size_t n) {
+    ++calls;
+    (*fabric_of_mirror)->mark_durable(a, n);
+  });
+  fabric_of_mirror = &m.p.fabric;
+  m.write(0, 8, std::byte{1});
+  m.read();  // flushes, calls the PersistFn, which calls mark_durable
+  EXPECT_EQ(calls, 1);
+  m.write(8, 8, std::byte{2});
+  m.write(16, 8, std::byte{3});
+  m.p.fabric->mark_durable(m.remote.data() + 8, 8);  // GPSPM: the target persists
+  EXPECT_EQ(calls, 1);                               // ... without PersistFn callbacks
+  m.p.fabric->crash("target");
+  EXPECT_EQ(m.remote[0], std::byte{1});
+  EXPECT_EQ(m.remote[8], std::byte{2});
+  EXPECT_EQ(m.remote[16], std::byte{0});
+}
+
+// ------------------------------------------------ Kind::kFake dispatch
+
+TEST(FakeKind, NamedButNeverParsed) {
+  EXPECT_EQ(kind_name(Kind::kFake), "fake");
+  auto parsed = parse_kind("fake");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.status().code(), Errc::kInvalidArgument);
+  EXPECT_EQ(*parse_kind("tcp"), Kind::kTcp);
+  EXPECT_EQ(*parse_kind("rdma"), Kind::kRdma);
+}
+
+TEST(FakeKind, ListenAndConnectReachTheInstalledFabric) {
+  auto none = transport::listen(Kind::kFake, "target", 0, {});
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), Errc::kFailedPrecondition);
+  EXPECT_EQ(transport::connect(Kind::kFake, "target", 1, {}).status().code(),
+            Errc::kFailedPrecondition);
+
+  auto fabric = FakeFabric::create();
+  {
+    ScopedFabric installed(fabric, "app-node");
+    EXPECT_EQ(installed_fabric(), fabric);
+    auto listener = transport::listen(Kind::kFake, "target", 7450, {});
+    ASSERT_TRUE(listener.ok()) << listener.status().to_string();
+    EXPECT_EQ((*listener)->port(), 7450);
+    EXPECT_EQ(*fabric->port_of("target"), 7450);
+    auto wrong = transport::connect(Kind::kFake, "target", 7451, {});
+    ASSERT_FALSE(wrong.ok());
+    EXPECT_EQ(wrong.status().code(), Errc::kConnectionError);
+    EXPECT_EQ(transport::connect(Kind::kFake, "elsewhere", 7450, {}).status().code(),
+              Errc::kConnectionError);
+    auto active = transport::connect(Kind::kFake, "target", 7450, {});
+    ASSERT_TRUE(active.ok()) << active.status().to_string();
+    auto passive = (*listener)->accept(1000ms);
+    ASSERT_TRUE(passive.ok() && *passive);
+    EXPECT_EQ((*active)->peer_address(), "fake:target");
+    EXPECT_EQ((*passive)->peer_address().rfind("fake:app-node#", 0), 0u);
+    // The ends belong to the nodes: crashing "app-node" breaks the pair.
+    fabric->crash("app-node");
+    EXPECT_EQ((*active)->post_send(bytes_of("x"), 1).code(), Errc::kClosed);
+    // A port of 0 at listen: the fabric numbers it; 0 at connect: any.
+    auto second = transport::listen(Kind::kFake, "other", 0, {});
+    ASSERT_TRUE(second.ok());
+    EXPECT_NE((*second)->port(), 0);
+    EXPECT_TRUE(transport::connect(Kind::kFake, "other", 0, {}).ok());
+  }
+  EXPECT_EQ(installed_fabric(), nullptr);
+  // owner_persisted without a fabric: nothing, no crash.
+  std::byte b{};
+  owner_persisted(&b, 1);
 }
 
 }  // namespace
