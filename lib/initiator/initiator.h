@@ -72,7 +72,36 @@ struct VolumeOptions {
   std::chrono::milliseconds reconnect_max{10000};
   // Bytes copied per step when bringing a reconnected replica up to date;
   // the application's persists run between steps.
-  uint64_t resync_step = 4ull << 20;
+  uint64_t resync_step = 1ull << 20;
+
+  // --- recovery (docs/replica-recovery.md) ---
+  // The local copy's metadata pool (generations, dirty bitmaps, activity
+  // log); empty: metadata::default_metadata_path(local_path, name).
+  std::string metadata_path;
+  uint64_t chunk_size = 64ull << 10;    // bytes per dirty bit (4 KiB .. 1 MiB)
+  uint64_t resync_rate = 100ull << 20;  // bytes/s a resync may copy; 0: unlimited
+  // A persist that cannot reach `ack` in-sync replicas: fail at once
+  // (false), or wait until enough replicas are back in sync (true).
+  bool block_when_insufficient = false;
+  // Split brain (both copies moved on from a common generation): refuse
+  // the replica (false), or copy the whole volume over it (true).
+  bool overwrite_split_brain = false;
+  // This node is not the configured primary: the copy must have been
+  // promoted here (`pmirrorctl promote`) before it may be opened.
+  bool require_promoted = false;
+  // How long open() waits for replicas that need an initial or catch-up
+  // resync before `ack` of them are in sync.
+  std::chrono::milliseconds open_sync_timeout{600000};
+};
+
+// One replica's comparison by verify().
+struct VerifyPeerResult {
+  std::string peer;
+  uint64_t chunks_compared = 0;
+  uint64_t bytes_compared = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> mismatches;  // (offset, length), merged
+  uint64_t marked_dirty = 0;                              // chunks marked for resync (mark_dirty)
+  Status status;  // not ok: the replica could not be compared
 };
 
 enum class ReplicaState { kConnected, kFailed, kClosed };
@@ -122,6 +151,16 @@ class Volume {
   // Returns once every persist up to `sequence` is durable everywhere.
   Status wait(uint64_t sequence);
   Status drain();  // wait for everything started so far
+
+  // Starts a resync of `peer` (node name or host:port) now: its dirty
+  // chunks, or with `full` every chunk. The peer must be connected.
+  Status resync(const std::string& peer, bool full);
+  // Compares the local copy with the replicas (`peer` empty: every
+  // connected one) chunk by chunk, by XXH3-64 computed on each side.
+  // Chunks that differ are checked once more after draining persists in
+  // flight; those that still differ are reported and, with `mark_dirty`,
+  // marked for resync (which then starts).
+  Result<std::vector<VerifyPeerResult>> verify(const std::string& peer, bool mark_dirty);
 
   std::vector<ReplicaStatus> replicas() const;
   // The status object of docs/control.md for this volume (role primary).

@@ -25,9 +25,12 @@ constexpr uint64_t kFlushReadSize = 8;
 
 std::string_view replica_state_name(ReplicaState state) {
   switch (state) {
-    case ReplicaState::kConnected: return "connected";
-    case ReplicaState::kFailed: return "failed";
-    case ReplicaState::kClosed: return "closed";
+    case ReplicaState::kConnected:
+      return "connected";
+    case ReplicaState::kFailed:
+      return "failed";
+    case ReplicaState::kClosed:
+      return "closed";
   }
   return "unknown";
 }
@@ -71,8 +74,9 @@ Status Replica::handshake(const Setup& setup) {
   PMIRROR_ASSIGN_OR_RETURN(protocol::Message reply, messenger_->receive(timeout, "Challenge"));
   auto* challenge = std::get_if<protocol::Challenge>(&reply);
   if (challenge == nullptr) {
-    return Status(Errc::kProtocolError, "expected Challenge, got " +
-                                            std::string(protocol::type_name(protocol::type_of(reply))));
+    return Status(
+        Errc::kProtocolError,
+        "expected Challenge, got " + std::string(protocol::type_name(protocol::type_of(reply))));
   }
   auth::SessionContext context{hello.volume, hello.identity, hello.client_nonce,
                                challenge->server_nonce};
@@ -99,8 +103,7 @@ Status Replica::handshake(const Setup& setup) {
                       std::to_string(setup.local_size) + " bytes; they must be equal");
   }
   if (descriptor->recv_slots < 2) {
-    return Status(Errc::kProtocolError, "target offers " +
-                                            std::to_string(descriptor->recv_slots) +
+    return Status(Errc::kProtocolError, "target offers " + std::to_string(descriptor->recv_slots) +
                                             " receive slots; at least 2 are needed");
   }
   bool apm_offered = (descriptor->methods & protocol::kMethodApm) != 0;
@@ -110,9 +113,10 @@ Status Replica::handshake(const Setup& setup) {
   } else if (gpspm_offered) {
     apm_ = false;
   } else {
-    return Status(Errc::kUnsupported, "the target offers no persistency method this initiator "
-                                      "can use (methods " +
-                                          std::to_string(descriptor->methods) + ")");
+    return Status(Errc::kUnsupported,
+                  "the target offers no persistency method this initiator "
+                  "can use (methods " +
+                      std::to_string(descriptor->methods) + ")");
   }
   remote_ = {descriptor->remote_address, descriptor->rkey, descriptor->region_size};
   remote_size_ = descriptor->region_size;
@@ -120,10 +124,22 @@ Status Replica::handshake(const Setup& setup) {
   remote_last_sequence_ = descriptor->last_sequence;
   done_upto_ = acknowledged_ = descriptor->last_sequence;
   credits_ = descriptor->recv_slots - 1;  // one slot stays free for a heartbeat
+  std::copy(descriptor->copy_uuid.begin(), descriptor->copy_uuid.end(), remote_copy_.uuid.begin());
+  remote_copy_.generations.current = descriptor->data_generation;
+  for (size_t i = 0;
+       i < remote_copy_.generations.history.size() && i < descriptor->generation_history.size();
+       ++i) {
+    remote_copy_.generations.history[i] = descriptor->generation_history[i];
+  }
+  remote_copy_.consistent = (descriptor->copy_flags & protocol::kCopyConsistent) != 0;
+  remote_copy_.promoted = (descriptor->copy_flags & protocol::kCopyPromoted) != 0;
+  remote_unclean_ = (descriptor->copy_flags & protocol::kCopyUnclean) != 0;
+  remote_activity_extent_size_ = descriptor->activity_extent_size;
+  remote_activity_extents_ = descriptor->activity_extents;
 
-  PMIRROR_ASSIGN_OR_RETURN(local_region_,
-                           connection_->register_memory(setup.local_base, setup.local_size,
-                                                        transport::kLocalOnly));
+  PMIRROR_ASSIGN_OR_RETURN(
+      local_region_,
+      connection_->register_memory(setup.local_base, setup.local_size, transport::kLocalOnly));
   PMIRROR_ASSIGN_OR_RETURN(flush_region_,
                            connection_->register_memory(flush_buffer_.data(), flush_buffer_.size(),
                                                         transport::kLocalOnly));
@@ -154,8 +170,8 @@ Status Replica::post_with_retry(const std::function<Status()>& post) {
 }
 
 Status Replica::post_persist(uint64_t sequence, uint64_t offset, uint64_t length) {
-  if (failed()) return error_.ok() ? Status(Errc::kClosed, "replica " + label_ + " is closed")
-                                   : error_;
+  if (failed())
+    return error_.ok() ? Status(Errc::kClosed, "replica " + label_ + " is closed") : error_;
   auto deadline = Clock::now() + operation_timeout_;
   while (credits_ == 0) {
     if (Status pumped = pump(10ms); !pumped.ok()) return fail(pumped);
@@ -297,6 +313,17 @@ Status Replica::handle_message(const protocol::Message& message) {
     acknowledged_ = std::max(acknowledged_, ack->sequence);
     return complete_front(in_flight_, ack->sequence, done_upto_, "PersistAck");
   }
+  if (auto* ack = std::get_if<protocol::GenerationAck>(&message)) {
+    ++credits_;
+    generation_ack_outstanding_ = false;
+    (void)ack;
+    return Status::Ok();
+  }
+  if (auto* reply = std::get_if<protocol::VerifyReply>(&message)) {
+    ++credits_;
+    verify_reply_ = *reply;
+    return Status::Ok();
+  }
   if (auto* pong = std::get_if<protocol::Pong>(&message)) {
     if (pong->token == ping_token_) ping_outstanding_ = false;
     return Status::Ok();
@@ -309,20 +336,103 @@ Status Replica::handle_message(const protocol::Message& message) {
                     " from the target");
 }
 
+// Waits for a receive credit on the target (one is kept for heartbeats).
+static constexpr auto kCreditPoll = std::chrono::milliseconds(10);
+
+Status Replica::set_generation(uint64_t generation, bool consistent) {
+  if (failed()) return error_;
+  auto deadline = Clock::now() + operation_timeout_;
+  while (credits_ == 0) {
+    if (Status pumped = pump(kCreditPoll); !pumped.ok()) return fail(pumped);
+    if (Clock::now() > deadline) {
+      return fail(Status(Errc::kTimeout, "the target returned no receive credit within " +
+                                             std::to_string(operation_timeout_.count()) + " ms"));
+    }
+  }
+  protocol::SetGeneration update;
+  update.generation = generation;
+  update.flags = consistent ? uint32_t{protocol::kGenerationConsistent} : 0u;
+  generation_ack_outstanding_ = true;
+  if (Status sent = post_with_retry([&] { return messenger_->send(update); }); !sent.ok()) {
+    return fail(sent);
+  }
+  --credits_;
+  while (generation_ack_outstanding_) {
+    if (Clock::now() > deadline) {
+      return fail(Status(Errc::kTimeout, "generation update not acknowledged within " +
+                                             std::to_string(operation_timeout_.count()) + " ms"));
+    }
+    if (Status pumped = pump(kCreditPoll); !pumped.ok()) return fail(pumped);
+  }
+  remote_copy_.generations.current = generation;
+  remote_copy_.consistent = consistent;
+  return Status::Ok();
+}
+
+Result<std::vector<uint64_t>> Replica::verify_chunks(uint64_t offset, uint64_t length,
+                                                     uint64_t chunk_size) {
+  if (failed()) return error_;
+  auto deadline = Clock::now() + operation_timeout_;
+  while (credits_ == 0) {
+    if (Status pumped = pump(kCreditPoll); !pumped.ok()) return fail(pumped);
+    if (Clock::now() > deadline) {
+      return fail(Status(Errc::kTimeout, "the target returned no receive credit within " +
+                                             std::to_string(operation_timeout_.count()) + " ms"));
+    }
+  }
+  verify_reply_.reset();
+  protocol::VerifyRequest request{offset, length, chunk_size};
+  if (Status sent = post_with_retry([&] { return messenger_->send(request); }); !sent.ok()) {
+    return fail(sent);
+  }
+  --credits_;
+  while (!verify_reply_) {
+    if (Clock::now() > deadline) {
+      return fail(Status(Errc::kTimeout, "verify of [" + std::to_string(offset) + ", +" +
+                                             std::to_string(length) + ") not answered within " +
+                                             std::to_string(operation_timeout_.count()) + " ms"));
+    }
+    if (Status pumped = pump(kCreditPoll); !pumped.ok()) return fail(pumped);
+  }
+  uint64_t expected = (length + chunk_size - 1) / chunk_size;
+  if (verify_reply_->offset != offset || verify_reply_->chunk_size != chunk_size ||
+      verify_reply_->hashes.size() != expected) {
+    return fail(
+        Status(Errc::kProtocolError, "VerifyReply does not match the request (offset " +
+                                         std::to_string(verify_reply_->offset) + ", chunk " +
+                                         std::to_string(verify_reply_->chunk_size) + ", " +
+                                         std::to_string(verify_reply_->hashes.size()) +
+                                         " hashes; expected " + std::to_string(expected) + ")"));
+  }
+  std::vector<uint64_t> hashes = std::move(verify_reply_->hashes);
+  verify_reply_.reset();
+  return hashes;
+}
+
+void Replica::abandon(const Status& why) {
+  if (state_ != ReplicaState::kConnected) return;
+  if (messenger_->send(protocol::make_error_reply(why)).ok()) (void)messenger_->wait_sends(500ms);
+  state_ = ReplicaState::kClosed;
+  error_ = why;
+  connection_->shutdown();
+}
+
 Status Replica::heartbeat() {
   if (failed()) return error_;
-  if (!in_flight_.empty()) return Status::Ok();  // traffic is its own heartbeat
-  ping_outstanding_ = true;
-  ++ping_token_;
-  if (Status sent = messenger_->send(protocol::Ping{ping_token_}); !sent.ok()) return fail(sent);
-  auto deadline = Clock::now() + operation_timeout_;
-  while (ping_outstanding_) {
-    if (Clock::now() > deadline) {
+  if (ping_outstanding_) {
+    if (Status pumped = pump(0ms); !pumped.ok()) return fail(pumped);
+  }
+  if (ping_outstanding_) {
+    if (Clock::now() - ping_sent_ > operation_timeout_) {
       return fail(Status(Errc::kTimeout, "no answer to a heartbeat within " +
                                              std::to_string(operation_timeout_.count()) + " ms"));
     }
-    if (Status pumped = pump(10ms); !pumped.ok()) return fail(pumped);
+    return Status::Ok();
   }
+  ping_outstanding_ = true;
+  ping_sent_ = Clock::now();
+  ++ping_token_;
+  if (Status sent = messenger_->send(protocol::Ping{ping_token_}); !sent.ok()) return fail(sent);
   return Status::Ok();
 }
 

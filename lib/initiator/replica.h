@@ -6,9 +6,12 @@
 #include <array>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "initiator/initiator.h"
+#include "initiator/sync_decision.h"
 #include "protocol/protocol.h"
 #include "session/session.h"
 #include "transport/transport.h"
@@ -39,7 +42,9 @@ class Replica {
   Status post_persist(uint64_t sequence, uint64_t offset, uint64_t length);
   // Returns once `sequence` is durable on the replica, or it failed.
   Status wait_for(uint64_t sequence);
-  // Pings if nothing is in flight; used while the volume is idle.
+  // Never blocks: collects a pong if one arrived, fails the replica if the
+  // last ping has gone unanswered for operation_timeout, otherwise sends a
+  // new ping when none is outstanding.
   Status heartbeat();
   // Copies [offset, +length) of the local copy to the replica and waits
   // until it is durable there (Write + flush; no bookkeeping). Application
@@ -47,6 +52,23 @@ class Replica {
   // in order, so the replica ends with the newest bytes either way.
   Status resync_range(uint64_t offset, uint64_t length);
   uint64_t in_flight_count() const { return in_flight_.size(); }
+  // The replica's copy as its descriptor described it, and what it reported
+  // of its own activity log (an old primary that crashed).
+  const RemoteCopy& remote_copy() const { return remote_copy_; }
+  bool remote_unclean() const { return remote_unclean_; }
+  uint64_t remote_activity_extent_size() const { return remote_activity_extent_size_; }
+  const std::vector<uint64_t>& remote_activity_extents() const { return remote_activity_extents_; }
+  // Tells the target its copy now holds `generation` (consistent: a resync
+  // completed, or the primary moved on while the replica stayed in sync;
+  // not consistent: a resync into it starts). Waits for the acknowledgement.
+  Status set_generation(uint64_t generation, bool consistent);
+  // XXH3-64 of each `chunk_size` chunk of [offset, +length) of the replica's
+  // copy (at most protocol::kMaxVerifyChunks chunks).
+  Result<std::vector<uint64_t>> verify_chunks(uint64_t offset, uint64_t length,
+                                              uint64_t chunk_size);
+  // Ends the session telling the target why (e.g. split brain), so that it
+  // reports it too.
+  void abandon(const Status& why);
   bool uses_apm() const { return apm_; }
   // Orderly close: drains, says Goodbye, disconnects.
   void close();
@@ -85,7 +107,14 @@ class Replica {
   uint64_t acknowledged_ = 0;
   uint64_t ping_token_ = 0;
   bool ping_outstanding_ = false;
+  std::chrono::steady_clock::time_point ping_sent_{};
   bool resync_outstanding_ = false;
+  bool generation_ack_outstanding_ = false;
+  std::optional<protocol::VerifyReply> verify_reply_;
+  RemoteCopy remote_copy_;
+  bool remote_unclean_ = false;
+  uint64_t remote_activity_extent_size_ = 0;
+  std::vector<uint64_t> remote_activity_extents_;
   ReplicaState state_ = ReplicaState::kClosed;
   Status error_;
 };

@@ -19,10 +19,10 @@ class Registry {
     return registry;
   }
 
-  uint64_t add(StatusFn status) {
+  uint64_t add(std::string name, StatusFn status, CommandFn command) {
     std::lock_guard lock(mutex_);
     uint64_t id = ++last_id_;
-    volumes_.emplace(id, std::move(status));
+    volumes_.emplace(id, Entry{std::move(name), std::move(status), std::move(command)});
     if (!server_ && !start_failed_) start_locked();
     return id;
   }
@@ -50,21 +50,45 @@ class Registry {
 
  private:
   void start_locked() {
-    auto server = control::Server::start(
-        control::initiator_socket_path(::getpid()),
-        [this](const nlohmann::json& request) -> Result<nlohmann::json> {
-          if (request.value("command", "") != "status") return control::unknown_command(request);
-          return status();
-        });
+    auto server =
+        control::Server::start(control::initiator_socket_path(::getpid()),
+                               [this](const nlohmann::json& request) -> Result<nlohmann::json> {
+                                 if (request.value("command", "") == "status") return status();
+                                 return command(request);
+                               });
     if (!server.ok()) {
       // Status is a convenience: the volume works without it.
-      spdlog::warn("libpmirror: no control socket, `pmirrorctl status` will not see this "
-                   "process: {}",
-                   server.status().message());
+      spdlog::warn(
+          "libpmirror: no control socket, `pmirrorctl status` will not see this "
+          "process: {}",
+          server.status().message());
       start_failed_ = true;
       return;
     }
     server_ = std::move(server).value();
+  }
+
+  // Routes a command to the volume it names.
+  Result<nlohmann::json> command(const nlohmann::json& request) {
+    const std::string command = request.value("command", "");
+    if (command != "resync" && command != "verify") return control::unknown_command(request);
+    if (!request.contains("volume") || !request["volume"].is_string()) {
+      return Status(Errc::kInvalidArgument, "'" + command + "' needs a \"volume\" string");
+    }
+    const std::string volume = request["volume"].get<std::string>();
+    std::shared_lock calls(calls_mutex_);
+    CommandFn target;
+    {
+      std::lock_guard lock(mutex_);
+      for (auto& [id, entry] : volumes_) {
+        if (entry.name == volume && entry.command) target = entry.command;
+      }
+    }
+    if (!target) {
+      return Status(Errc::kNotFound,
+                    "volume '" + volume + "' is not open in process " + std::to_string(::getpid()));
+    }
+    return target(request);
   }
 
   nlohmann::json status() {
@@ -72,7 +96,7 @@ class Registry {
     std::vector<StatusFn> functions;
     {
       std::lock_guard lock(mutex_);
-      for (auto& [id, fn] : volumes_) functions.push_back(fn);
+      for (auto& [id, entry] : volumes_) functions.push_back(entry.status);
     }
     nlohmann::json volumes = nlohmann::json::array();
     for (auto& fn : functions) volumes.push_back(fn());
@@ -87,7 +111,12 @@ class Registry {
   std::shared_mutex calls_mutex_;  // held shared while volumes' status functions run
   std::mutex mutex_;
   uint64_t last_id_ = 0;
-  std::map<uint64_t, StatusFn> volumes_;
+  struct Entry {
+    std::string name;
+    StatusFn status;
+    CommandFn command;
+  };
+  std::map<uint64_t, Entry> volumes_;
   std::unique_ptr<control::Server> server_;
   bool start_failed_ = false;
 };
@@ -107,8 +136,9 @@ StatusRegistration& StatusRegistration::operator=(StatusRegistration&& other) no
   return *this;
 }
 
-StatusRegistration register_volume(StatusFn status) {
-  return StatusRegistration(Registry::instance().add(std::move(status)));
+StatusRegistration register_volume(std::string name, StatusFn status, CommandFn command) {
+  return StatusRegistration(
+      Registry::instance().add(std::move(name), std::move(status), std::move(command)));
 }
 
 void publish_event(const supervisor::StateChange& change) {

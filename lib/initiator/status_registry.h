@@ -6,12 +6,17 @@
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <string>
 
+#include "common/status.h"
 #include "supervisor/supervisor.h"
 
 namespace pmirror::initiator {
 
 using StatusFn = std::function<nlohmann::json()>;
+// A volume's control commands other than status (resync, verify): the
+// request as received, routed by its "volume" field.
+using CommandFn = std::function<Result<nlohmann::json>(const nlohmann::json& request)>;
 
 // Unregisters on destruction. Move-only.
 class StatusRegistration {
@@ -28,7 +33,7 @@ class StatusRegistration {
   uint64_t id_ = 0;
 };
 
-StatusRegistration register_volume(StatusFn status);
+StatusRegistration register_volume(std::string name, StatusFn status, CommandFn command = {});
 // Sends a replica state change to `pmirrorctl events` subscribers.
 void publish_event(const supervisor::StateChange& change);
 
