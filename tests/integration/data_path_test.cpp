@@ -417,7 +417,8 @@ TEST(DaemonTest, BadConfigExitsNonZeroWithTheReason) {
            "  - {name: n1, address: 127.0.0.1, state_pool: /tmp/n1.state,\n"
            "     control_socket: /tmp/n1.sock}\n"
            "volumes:\n"
-           "  - {name: v, size: 1MiB, primary: app, replicas: [n1], path: /tmp/v.img,\n"
+           "  - {name: v, size: 1MiB, primary: app, replicas: [n1],\n"
+           "     paths: {app: /tmp/v-app.img, n1: /tmp/v-n1.img},\n"
            "     allowed_peers: [app], secret: 0123456789abcdef}\n";
   }
   output.clear();
