@@ -33,8 +33,8 @@ using Labels = std::vector<ClientMetric::Label>;
 
 // The peer states of docs/status-schema.md; pmirror_peer_state has one
 // series per state so that a dashboard can graph "how many peers are X".
-constexpr const char* kPeerStates[] = {"connecting",   "handshaking", "connected",
-                                       "disconnected", "refused",     "failed"};
+constexpr const char* kPeerStates[] = {"connecting",   "handshaking", "syncing",     "connected",
+                                       "disconnected", "refused",     "split-brain", "failed"};
 
 // Builds the families of one scrape. Unusable fields are skipped and
 // counted in errors_.
@@ -166,10 +166,16 @@ class Converter {
     if (auto size = number(v, "size", where)) {
       gauge("pmirror_volume_size_bytes", "size of the volume in bytes", labels, *size);
     }
-    if (auto generation = number(v, "generation", where)) {
-      gauge("pmirror_volume_generation",
-            "the volume's generation (raised when a new primary takes it over)", labels,
-            *generation);
+    // A primary reports its data generation as 16 hex digits (a random
+    // identifier, not a quantity): it goes on the info series as a label.
+    auto generation_field = v.find("generation");
+    bool generation_is_text = generation_field != v.end() && generation_field->is_string();
+    if (!generation_is_text) {
+      if (auto generation = number(v, "generation", where)) {
+        gauge("pmirror_volume_generation",
+              "the volume's generation (raised when a new primary takes it over)", labels,
+              *generation);
+      }
     }
     if (auto last = number(v, "last_sequence", where)) {
       gauge("pmirror_volume_last_sequence",
@@ -178,6 +184,7 @@ class Converter {
     Labels info = labels;
     if (auto path = text(v, "path", where)) info.push_back({"path", *path});
     if (auto backing = text(v, "backing", where)) info.push_back({"backing", *backing});
+    if (generation_is_text) info.push_back({"generation", generation_field->get<std::string>()});
     gauge("pmirror_volume_info", "constant 1, labelled with the volume's path and backing", info,
           1);
 
@@ -258,6 +265,29 @@ class Converter {
     }
     if (auto errors = number(p, "errors", where)) {
       counter("pmirror_errors_total", "errors on the peer's connection", labels, *errors);
+    }
+    // Recovery (primary side, docs/replica-recovery.md).
+    if (auto dirty = number(p, "dirty_bytes", where)) {
+      gauge("pmirror_peer_dirty_bytes",
+            "bytes recorded dirty for the peer: what a resync must copy to it", labels, *dirty);
+    }
+    if (auto resynced = number(p, "resynced_bytes", where)) {
+      counter("pmirror_peer_resynced_bytes_total", "bytes copied to the peer by resyncs", labels,
+              *resynced);
+    }
+    auto resync = p.find("resync");
+    if (resync != p.end() && resync->is_object()) {
+      if (auto left = number(*resync, "left_bytes", where + ".resync")) {
+        gauge("pmirror_peer_resync_left_bytes", "bytes the running resync has still to copy",
+              labels, *left);
+      }
+      if (auto rate = number(*resync, "rate_bytes_per_s", where + ".resync")) {
+        gauge("pmirror_peer_resync_rate_bytes_per_second", "the running resync's copy rate", labels,
+              *rate);
+      }
+    } else if (p.contains("dirty_bytes")) {
+      gauge("pmirror_peer_resync_left_bytes", "bytes the running resync has still to copy", labels,
+            0);
     }
     latency_summary(p, labels, where);
     latency_histogram(p, labels, where);

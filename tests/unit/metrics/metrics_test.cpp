@@ -301,6 +301,36 @@ TEST(MetricsTest, RenderTextWithoutAServer) {
   EXPECT_EQ(value(s, "pmirror_errors_total", kNode2), 2);
 }
 
+TEST(MetricsTest, RecoveryFieldsOfAPrimaryAreExported) {
+  json snapshot = canned();
+  auto& volume = snapshot["volumes"][0];
+  volume["generation"] = "5e826b7e01ae6a93";  // a primary's data generation
+  volume["peers"][0]["state"] = "syncing";
+  volume["peers"][0]["dirty_bytes"] = 3 * 65536;
+  volume["peers"][0]["resynced_bytes"] = 1048576;
+  volume["peers"][0]["resync"] = {{"done_bytes", 1048576},
+                                  {"left_bytes", 196608},
+                                  {"total_bytes", 1245184},
+                                  {"rate_bytes_per_s", 52428800}};
+  volume["peers"][1]["state"] = "split-brain";
+  volume["peers"][1]["dirty_bytes"] = 0;
+  auto s = parse(render_text(snapshot));
+  EXPECT_EQ(value(s, "pmirror_metrics_snapshot_errors_total"), 0);
+  Labels v{{"volume", "db0"}, {"role", "primary"}};
+  EXPECT_FALSE(value(s, "pmirror_volume_generation", v).has_value());
+  EXPECT_EQ(value(s, "pmirror_peer_dirty_bytes", kNode2), 3 * 65536);
+  EXPECT_EQ(value(s, "pmirror_peer_resync_left_bytes", kNode2), 196608);
+  EXPECT_EQ(value(s, "pmirror_peer_resync_rate_bytes_per_second", kNode2), 52428800);
+  EXPECT_EQ(value(s, "pmirror_peer_resynced_bytes_total", kNode2), 1048576);
+  EXPECT_EQ(value(s, "pmirror_peer_resync_left_bytes", kNode3), 0);
+  Labels syncing = kNode2;
+  syncing["state"] = "syncing";
+  EXPECT_EQ(value(s, "pmirror_peer_state", syncing), 1);
+  Labels split = kNode3;
+  split["state"] = "split-brain";
+  EXPECT_EQ(value(s, "pmirror_peer_state", split), 1);
+}
+
 TEST(MetricsTest, ListensOnIpv6Loopback) {
   auto exporter = Exporter::start("[::1]:0", [] { return canned(); });
   if (!exporter.ok()) GTEST_SKIP() << "no IPv6 loopback here: " << exporter.status().message();
