@@ -87,7 +87,7 @@ Result<std::string> read_secret_file(const std::string& path) {
 }
 
 std::string default_metadata_path(const std::string& data_path, const std::string& volume) {
-  if (data_path.rfind("/dev/", 0) == 0) return "/var/lib/pmirror/" + volume + ".pmirror";
+  if (data_path.rfind("/dev/dax", 0) == 0) return "/var/lib/pmirror/" + volume + ".pmirror";
   return data_path + ".pmirror";
 }
 

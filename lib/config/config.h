@@ -119,7 +119,7 @@ struct ClusterVolume {
   // node -> the copy's metadata pool, for every node holding a copy (as
   // `paths`): the node's `metadata:` entry, else the default of
   // metadata::default_metadata_path (`<path>.pmirror`, or
-  // /var/lib/pmirror/<volume>.pmirror for a path under /dev/).
+  // /var/lib/pmirror/<volume>.pmirror for a devdax path, /dev/dax*).
   std::map<std::string, std::string> metadata_paths;
 };
 

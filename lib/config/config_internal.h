@@ -20,7 +20,7 @@ Result<std::string> read_config_file(const std::string& path);
 
 // Where a copy's metadata pool lives when the cluster file does not say:
 // `<data_path>.pmirror`, or /var/lib/pmirror/<volume>.pmirror for a path
-// under /dev/ (a devdax device has no room beside it). The same rule as
+// under /dev/dax (a devdax device has no room beside it). The same rule as
 // metadata::default_metadata_path (lib/metadata), kept here so that the
 // config library does not link libpmemobj; change both together.
 std::string default_metadata_path(const std::string& data_path, const std::string& volume);

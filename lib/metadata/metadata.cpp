@@ -401,7 +401,8 @@ std::string uuid_to_string(const Uuid& uuid) {
 }
 
 std::string default_metadata_path(const std::string& data_path, const std::string& volume) {
-  if (data_path.starts_with("/dev/")) return "/var/lib/pmirror/" + volume + ".pmirror";
+  // A devdax character device has no directory of its own to hold a file.
+  if (data_path.starts_with("/dev/dax")) return "/var/lib/pmirror/" + volume + ".pmirror";
   return data_path + ".pmirror";
 }
 

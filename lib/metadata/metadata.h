@@ -195,7 +195,7 @@ class CopyMetadata {
 
 // The default metadata path for a copy at `data_path` of volume `volume`:
 // `<data_path>.pmirror` for files, `/var/lib/pmirror/<volume>.pmirror` for
-// device paths under /dev.
+// devdax devices (paths starting /dev/dax).
 std::string default_metadata_path(const std::string& data_path, const std::string& volume);
 
 }  // namespace pmirror::metadata

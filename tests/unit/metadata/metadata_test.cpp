@@ -700,6 +700,8 @@ TEST(MetadataPaths, DefaultMetadataPath) {
   EXPECT_EQ(default_metadata_path("/dev/dax0.0", "db0"), "/var/lib/pmirror/db0.pmirror");
   EXPECT_EQ(default_metadata_path("relative/file", "v"), "relative/file.pmirror");
   EXPECT_EQ(default_metadata_path("/devices/file", "v"), "/devices/file.pmirror");
+  // tmpfs under /dev is a directory of plain files: the pool goes beside them.
+  EXPECT_EQ(default_metadata_path("/dev/shm/db0.img", "db0"), "/dev/shm/db0.img.pmirror");
 }
 
 TEST(MetadataPaths, UuidToString) {
