@@ -1,0 +1,144 @@
+// The `on_insufficient` policy: what a persist does when fewer than `ack`
+// replicas are in sync. `fail` returns an error at once (the local copy has
+// the bytes, the missing replica has them recorded dirty); `block` waits
+// until the replica is back and resynced, then returns ok. Real pmirrord
+// processes over tcp loopback.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "initiator/initiator.h"
+#include "support/cluster.h"
+
+namespace pmirror {
+namespace {
+
+using namespace std::chrono_literals;
+using initiator::Volume;
+using nlohmann::json;
+using testing::ClusterVolumeSpec;
+using testing::ShmDir;
+using testing::TestCluster;
+
+std::vector<char> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+json peer_of(const Volume& volume, const std::string& name) {
+  json v = json::parse(volume.status_json());
+  for (const auto& p : v["peers"]) {
+    if (p.value("name", "") == name) return p;
+  }
+  return json();
+}
+
+bool in_sync(const Volume& volume, const std::string& name) {
+  json p = peer_of(volume, name);
+  return p.is_object() && p.value("state", "") == "connected" &&
+         p.value("dirty_chunks", uint64_t{1}) == 0 && !p.contains("resync");
+}
+
+class InsufficientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cluster_ = std::make_unique<TestCluster>(dir_.path(), "tcp", "127.0.0.1");
+    ::setenv("PMIRROR_RUNTIME_DIR", cluster_->runtime_dir().c_str(), 1);
+  }
+  void TearDown() override {
+    if (HasFailure()) std::fprintf(stderr, "%s\n", cluster_->logs().c_str());
+    cluster_.reset();
+    ::unsetenv("PMIRROR_RUNTIME_DIR");
+  }
+
+  // app (this process) -> n1, ack 1, on_insufficient as given.
+  void make_cluster(const std::string& policy) {
+    cluster_->add_node("app", false);
+    cluster_->add_node("n1");
+    ClusterVolumeSpec spec;
+    spec.size = 4ull << 20;
+    spec.primary = "app";
+    spec.replicas = {"n1"};
+    spec.ack = 1;
+    spec.on_insufficient = policy;
+    spec.chunk = "64KiB";
+    spec.resync_rate = "unlimited";
+    spec.explicit_metadata = true;
+    cluster_->add_volume(spec);
+    cluster_->write_config();
+    ASSERT_TRUE(cluster_->start("n1")) << cluster_->logs();
+  }
+
+  ShmDir dir_;
+  std::unique_ptr<TestCluster> cluster_;
+};
+
+TEST_F(InsufficientTest, FailReturnsAnErrorNamingTheReplicaAndLosesNothing) {
+  make_cluster("fail");
+  auto opened = Volume::open_from_config(cluster_->config_path(), "v", "app", "app");
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  Volume& v = **opened;
+  ASSERT_TRUE(v.write(0, "before", 6).ok());
+
+  cluster_->daemon("n1").kill9();
+  // The persist that finds the replica gone fails, naming it; so do the
+  // next ones, at once, while it is away.
+  Status failed = v.write(65536, "during", 6);
+  for (int i = 0; failed.ok() && i < 50; ++i) failed = v.write(65536, "during", 6);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.code(), Errc::kConnectionError) << failed.to_string();
+  EXPECT_NE(failed.message().find("n1"), std::string::npos) << failed.to_string();
+  auto start = std::chrono::steady_clock::now();
+  Status again = v.write(3 * 65536, "during2", 7);
+  EXPECT_FALSE(again.ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 500ms) << "fail must not wait";
+  EXPECT_GE(peer_of(v, "n1").value("dirty_chunks", uint64_t{0}), 2u) << v.status_json();
+
+  // Back: the dirty chunks are copied and the replica equals the local copy.
+  ASSERT_TRUE(cluster_->start("n1")) << cluster_->logs();
+  ASSERT_TRUE(testing::eventually([&] { return in_sync(v, "n1"); }, 30s)) << v.status_json();
+  ASSERT_TRUE(v.write(5 * 65536, "after", 5).ok());
+  opened->reset();
+  EXPECT_TRUE(read_file(cluster_->copy_path("app")) == read_file(cluster_->copy_path("n1")));
+}
+
+TEST_F(InsufficientTest, BlockWaitsUntilTheReplicaIsBackAndResynced) {
+  make_cluster("block");
+  auto opened = Volume::open_from_config(cluster_->config_path(), "v", "app", "app");
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  Volume& v = **opened;
+  ASSERT_TRUE(v.write(0, "before", 6).ok());
+
+  cluster_->daemon("n1").kill9();
+  std::memcpy(v.data() + 65536, "blocked", 7);
+  auto blocked = std::async(std::launch::async, [&] { return v.persist(65536, 7); });
+  // Longer than heartbeat_timeout (1 s): the replica is known lost, and the
+  // persist still waits instead of failing.
+  ASSERT_TRUE(
+      testing::eventually([&] { return peer_of(v, "n1").value("state", "") != "connected"; }, 10s))
+      << v.status_json();
+  EXPECT_EQ(blocked.wait_for(1500ms), std::future_status::timeout)
+      << "the persist returned while no replica was in sync: " << blocked.get().to_string();
+
+  ASSERT_TRUE(cluster_->start("n1")) << cluster_->logs();
+  ASSERT_EQ(blocked.wait_for(30s), std::future_status::ready) << v.status_json();
+  Status done = blocked.get();
+  EXPECT_TRUE(done.ok()) << done.to_string();
+  EXPECT_TRUE(in_sync(v, "n1")) << v.status_json();
+  // It returned only once the bytes were on the replica.
+  std::vector<char> replica = read_file(cluster_->copy_path("n1"));
+  ASSERT_GE(replica.size(), 65536u + 7);
+  EXPECT_EQ(std::string(replica.data() + 65536, 7), "blocked");
+  opened->reset();
+  EXPECT_TRUE(read_file(cluster_->copy_path("app")) == read_file(cluster_->copy_path("n1")));
+}
+
+}  // namespace
+}  // namespace pmirror
