@@ -68,8 +68,8 @@ int pmirror_open(const struct pmirror_options* options, pmirror_volume** volume)
       const pmirror_replica& r = options->replicas[i];
       initiator::ReplicaSpec spec;
       if (r.address == nullptr) {
-        return fail(Status(Errc::kInvalidArgument,
-                           "replica " + std::to_string(i) + " has no address"));
+        return fail(
+            Status(Errc::kInvalidArgument, "replica " + std::to_string(i) + " has no address"));
       }
       spec.address = r.address;
       spec.port = r.port != 0 ? r.port : 7450;

@@ -36,7 +36,9 @@ std::string_view replica_state_name(ReplicaState state) {
 }
 
 Replica::Replica(const Setup& setup)
-    : label_(setup.spec.address + ":" + std::to_string(setup.spec.port)),
+    : label_(setup.spec.node.empty() ? setup.spec.address + ":" + std::to_string(setup.spec.port)
+                                     : setup.spec.node + " (" + setup.spec.address + ":" +
+                                           std::to_string(setup.spec.port) + ")"),
       spec_(setup.spec),
       operation_timeout_(setup.options.operation_timeout) {}
 
@@ -452,7 +454,7 @@ void Replica::close() {
 
 ReplicaStatus Replica::status() const {
   ReplicaStatus s;
-  s.address = label_;
+  s.address = spec_.address + ":" + std::to_string(spec_.port);
   s.transport = spec_.transport;
   s.state = state_;
   s.method = apm_ ? "apm" : "gpspm";

@@ -298,8 +298,26 @@ class Volume::Impl {
     return Status::Ok();
   }
 
+  // A persist larger than a quarter of the activity log is started as
+  // several, so that each fits in the log; they complete in order, so the
+  // last one's sequence stands for the whole.
   Result<uint64_t> start_locked(std::unique_lock<std::mutex>& lock, uint64_t offset,
                                 uint64_t length) {
+    constexpr uint64_t kPiece = metadata::kActivityLogSlots / 4 * metadata::kActivityExtent;
+    uint64_t sequence = 0;
+    while (length > 0) {
+      // Pieces end on an extent boundary, so each touches at most
+      // kActivityLogSlots / 4 extents.
+      uint64_t piece = std::min(length, kPiece - offset % metadata::kActivityExtent);
+      PMIRROR_ASSIGN_OR_RETURN(sequence, start_piece_locked(lock, offset, piece));
+      offset += piece;
+      length -= piece;
+    }
+    return sequence;
+  }
+
+  Result<uint64_t> start_piece_locked(std::unique_lock<std::mutex>& lock, uint64_t offset,
+                                      uint64_t length) {
     // Keep at most max_in_flight persists outstanding.
     if (next_sequence - 1 - last_completed >= options.max_in_flight) {
       PMIRROR_RETURN_IF_ERROR(wait_locked(lock, next_sequence - options.max_in_flight));

@@ -140,5 +140,30 @@ TEST_F(InsufficientTest, BlockWaitsUntilTheReplicaIsBackAndResynced) {
   EXPECT_TRUE(read_file(cluster_->copy_path("app")) == read_file(cluster_->copy_path("n1")));
 }
 
+// One persist wider than the whole activity log (64 extents of 4 MiB) is
+// started in pieces that each fit, and still arrives whole.
+TEST_F(InsufficientTest, APersistWiderThanTheActivityLogArrivesWhole) {
+  cluster_->add_node("app", false);
+  cluster_->add_node("n1");
+  ClusterVolumeSpec spec;
+  spec.size = 288ull << 20;
+  spec.primary = "app";
+  spec.replicas = {"n1"};
+  spec.resync_rate = "unlimited";
+  spec.explicit_metadata = true;
+  cluster_->add_volume(spec);
+  cluster_->write_config();
+  ASSERT_TRUE(cluster_->start("n1")) << cluster_->logs();
+  auto opened = Volume::open_from_config(cluster_->config_path(), "v", "app", "app");
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  Volume& v = **opened;
+  const uint64_t offset = 12345;
+  for (uint64_t i = 16384; i < v.size(); i += 4096) v.data()[i + 7] = std::byte(i / 4096 % 251);
+  Status done = v.persist(offset, v.size() - offset);
+  ASSERT_TRUE(done.ok()) << done.to_string();
+  opened->reset();
+  EXPECT_TRUE(read_file(cluster_->copy_path("app")) == read_file(cluster_->copy_path("n1")));
+}
+
 }  // namespace
 }  // namespace pmirror
