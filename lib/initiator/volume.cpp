@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -880,8 +881,10 @@ class Volume::Impl {
             {"left_bytes", left},
             {"total_bytes", slot->resync_done_bytes + left},
             {"rate_bytes_per_s", uint64_t(slot->resync_rate)},
-            {"eta_seconds", slot->resync_rate > 0 ? nlohmann::json(double(left) / slot->resync_rate)
-                                                  : nlohmann::json(nullptr)},
+            {"eta_seconds",
+             slot->resync_rate > 0
+                 ? nlohmann::json(uint64_t(std::ceil(double(left) / slot->resync_rate)))
+                 : nlohmann::json(nullptr)},
             {"full", slot->resync_full}};
       }
       auto percentiles = slot->latency.percentiles();
