@@ -737,6 +737,50 @@ TEST_F(RecoveryTest, PromotedReplicaResyncsTheReturningOldPrimary) {
   EXPECT_EQ(testing::check_present(scan, 1, 470, 0), "") << scan.summary();
 }
 
+// promote --force while the old primary is connected: its session to the
+// promoted copy ends and nothing it writes afterwards reaches that copy.
+TEST_F(RecoveryTest, ForcedPromoteCutsTheOldPrimaryOff) {
+  constexpr uint64_t kSize = 16ull << 20;
+  cluster_->add_node("a");
+  cluster_->add_node("b");
+  cluster_->add_node("c");
+  volume(kSize, "a", {"b", "c"}, 1);
+  cluster_->write_config();
+  ASSERT_TRUE(cluster_->start("b")) << cluster_->logs();
+  ASSERT_TRUE(cluster_->start("c")) << cluster_->logs();
+  RecordLayout layout(kSize, kRecord);
+
+  auto opened = open_as("a");
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string() << cluster_->logs();
+  Volume& v = **opened;
+  ASSERT_TRUE(write_records(v, layout, 1, 50, 1).ok());
+  ASSERT_TRUE(wait_in_sync(v, "b")) << diag(v);
+  ASSERT_TRUE(wait_in_sync(v, "c")) << diag(v);
+
+  RunResult forced = cluster_->ctl("b", {"promote", "v", "--force"});
+  ASSERT_EQ(forced.exit, 0) << forced.text();
+  json copy = target_volume(ctl_status("b"), "v").value("copy", json::object());
+  EXPECT_EQ(copy.value("promoted", false), true) << copy.dump();
+  // a learns it at its next persist or heartbeat at the latest.
+  bool cut_off = testing::eventually(
+      [&] {
+        (void)write_records(v, layout, 51, 51, 1);
+        return state_of(v, "b") != "connected";
+      },
+      scaled(10s), 100ms);
+  EXPECT_TRUE(cut_off) << "a still mirrors to the copy promoted on b" << diag(v);
+  const uint64_t b_digest = digest(cluster_->copy_path("b"));
+  ASSERT_TRUE(write_records(v, layout, 52, 100, 2).ok()) << "c still acknowledges" << diag(v);
+  EXPECT_NE(state_of(v, "b"), "connected") << diag(v);
+  opened->reset();
+  EXPECT_EQ(digest(cluster_->copy_path("b")), b_digest) << "a wrote into the promoted copy";
+  auto b_scan = scan_copy(cluster_->copy_path("b"), layout);
+  EXPECT_EQ(testing::check_present(b_scan, 1, 50, 1), "") << b_scan.summary();
+  EXPECT_EQ(testing::check_absent(b_scan, 52, 100), "") << b_scan.summary();
+  auto c_scan = scan_copy(cluster_->copy_path("c"), layout);
+  EXPECT_EQ(testing::check_present(c_scan, 52, 100, 2), "") << c_scan.summary();
+}
+
 // ===================================================================== 5
 // Split brain: a writes (with c) while b is away, then b is promoted and
 // written to. Both moved on from the same generation: refused, reported,

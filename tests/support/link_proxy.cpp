@@ -196,8 +196,11 @@ void LinkProxy::run() {
         ++open_;
       }
     }
+    // Only the links polled above: those just accepted (appended at the
+    // end) have no pollfd yet and wait for the next round.
     size_t index = 2;
     for (Link& link : links) {
+      if (index + 1 >= fds.size()) break;
       short client_revents = fds[index].revents;
       short upstream_revents = fds[index + 1].revents;
       index += 2;

@@ -101,7 +101,9 @@ int run_write(const WriteArgs& a) {
   std::deque<std::pair<uint64_t, uint64_t>> in_flight;  // (volume sequence, record seq)
   uint64_t acked = a.first_seq - 1;
   int failures = 0;
-  auto started = std::chrono::steady_clock::now();
+  auto next_due = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::duration slowest{0};
+  uint64_t slowest_seq = 0;
   auto complete_one = [&]() -> bool {
     auto [sequence, seq] = in_flight.front();
     in_flight.pop_front();
@@ -121,8 +123,13 @@ int run_write(const WriteArgs& a) {
   uint64_t seq = a.first_seq;
   for (; seq <= last && !g_stop && ok; ++seq) {
     if (a.rate > 0) {
-      auto due = started + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                               std::chrono::duration<double>((seq - a.first_seq) / a.rate));
+      // One record every 1/rate seconds after the previous one started: no
+      // burst to catch up after a slow stretch (it would only inflate the
+      // chunks written around a fault).
+      auto due = next_due;
+      next_due = std::max(due, std::chrono::steady_clock::now()) +
+                 std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                     std::chrono::duration<double>(1.0 / a.rate));
       while (std::chrono::steady_clock::now() < due && !g_stop) {
         std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
             due - std::chrono::steady_clock::now(), 20ms));
@@ -132,7 +139,12 @@ int run_write(const WriteArgs& a) {
     uint64_t offset = layout.offset_of(seq);
     pmirror::testing::make_record(volume->data() + offset, layout, seq, a.tag);
     if (a.depth <= 1) {
+      auto t0 = std::chrono::steady_clock::now();
       pmirror::Status s = volume->persist(offset, layout.record_size());
+      if (std::chrono::steady_clock::now() - t0 > slowest) {
+        slowest = std::chrono::steady_clock::now() - t0;
+        slowest_seq = seq;
+      }
       if (!s.ok()) {
         say("failed " + std::to_string(seq) + " " + s.message());
         std::fprintf(stderr, "persist of record %llu failed: %s\n",
@@ -164,6 +176,11 @@ int run_write(const WriteArgs& a) {
     }
   }
   if (g_stop) say("stopped " + std::to_string(acked));
+  if (slowest_seq != 0) {
+    say("slowest persist " +
+        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(slowest).count()) +
+        " ms (record " + std::to_string(slowest_seq) + ")");
+  }
   volume.reset();
   say("closed");
   return failures == 0 ? 0 : 1;

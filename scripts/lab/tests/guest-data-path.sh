@@ -22,3 +22,6 @@ echo "== data path over rdma (devdax target + file target)"
 "$build/tests/integration/data_path_test" --gtest_brief=1 --gtest_filter='DataPathTest.*:DaemonTest.Fsdax*'
 echo "== cluster status over rdma (a replica stopped, restarted, resynced; reload)"
 "$build/tests/integration/cluster_test" --gtest_brief=1
+echo "== replica recovery over rdma (kill -9 target/initiator, promote, split brain, verify)"
+PMIRROR_TEST_TIME_SCALE=${PMIRROR_TEST_TIME_SCALE:-10} \
+  "$build/tests/integration/recovery_test" --gtest_brief=1
