@@ -9,6 +9,9 @@
 //   # against running targets
 //   pmirror-bench --replica 10.0.0.2:7450 --replica 10.0.0.3:7450 --secret S
 //       --volume db0 --local /mnt/pmem/db0 --size 1GiB --transport rdma
+//   # resync throughput and persist latency while a resync runs (one target)
+//   pmirror-bench --scenario resync --spawn-targets 1 --size 1GiB
+//       --resync-rates unlimited,200MiB/s --json resync.json
 //
 // Latency of one persist:
 //   depth 1   persist() timed with steady_clock around the call.
@@ -21,6 +24,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/statfs.h>
@@ -515,8 +519,313 @@ Result<Endpoint> parse_endpoint(const std::string& text) {
   }
 }
 
+std::string volume_dir_of(const std::string& path) {
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  return dir.empty() ? "." : dir;
+}
+
 void print_rule(int width) {
   std::printf("%s\n", std::string(static_cast<size_t>(width), '-').c_str());
+}
+
+// ------------------------------------------------------ the resync scenario
+//
+// --scenario resync: one target. Per resync rate (--resync-rates, e.g.
+// unlimited,200MiB/s) the volume is opened with that VolumeOptions::
+// resync_rate and
+//   baseline        depth-1 persists of --latency-size, no resync running;
+//   resync alone    Volume::resync(peer, full) copies the whole volume while
+//                   nothing else runs: throughput = bytes copied / time from
+//                   the call until status_json() shows the resync finished;
+//   resync+persists the same full resync with depth-1 persists issued back to
+//                   back until it finishes: their latency, and the resync's
+//                   throughput under that load.
+// Before the first rate, the volume is written whole twice as a reference
+// for the copy rate: 64 KiB persists with 32 in flight (the prefill), then
+// persists of --resync-step bytes one at a time (what a resync step does).
+
+struct ResyncPhase {
+  std::string name;         // baseline | resync-idle | resync-load
+  uint64_t rate_limit = 0;  // bytes/s, 0 = unlimited
+  uint64_t resync_bytes = 0;
+  double resync_seconds = 0;
+  double lib_rate = 0;  // the library's own rate_bytes_per_s, last seen
+  uint64_t polls = 0;
+  uint64_t record_size = 0;
+  Summary latency;  // depth-1 persists (baseline, resync-load)
+  double persist_seconds = 0;
+  double resync_mib_per_second() const {
+    return resync_seconds > 0 ? static_cast<double>(resync_bytes) / resync_seconds / 1048576.0 : 0;
+  }
+  double persists_per_second() const {
+    return persist_seconds > 0 ? static_cast<double>(latency.count) / persist_seconds : 0;
+  }
+};
+
+struct CopyReference {
+  std::string name;
+  uint64_t record = 0;
+  uint32_t depth = 0;
+  uint64_t bytes = 0;
+  double seconds = 0;
+  double mib_per_second() const {
+    return seconds > 0 ? static_cast<double>(bytes) / seconds / 1048576.0 : 0;
+  }
+};
+
+std::string rate_label(uint64_t rate) { return rate == 0 ? "unlimited" : size_label(rate) + "/s"; }
+
+// The first peer's resync counters, from the status object.
+struct PeerProgress {
+  uint64_t resyncs = 0;
+  uint64_t resynced_bytes = 0;
+  uint64_t rate = 0;  // rate_bytes_per_s while a resync runs
+  bool active = false;
+  std::string state;
+};
+
+PeerProgress peer_progress(const initiator::Volume& volume) {
+  PeerProgress p;
+  Json status = Json::parse(volume.status_json());
+  const Json& peer = status.at("peers").at(0);
+  p.resyncs = peer.value("resyncs", uint64_t{0});
+  p.resynced_bytes = peer.value("resynced_bytes", uint64_t{0});
+  p.state = peer.value("state", std::string());
+  if (peer.contains("resync")) {
+    p.active = true;
+    p.rate = peer["resync"].value("rate_bytes_per_s", uint64_t{0});
+  }
+  return p;
+}
+
+// Writes the whole volume with persists of `record` bytes, `depth` in flight.
+Result<CopyReference> copy_reference(initiator::Volume& volume, const std::string& name,
+                                     uint64_t record, uint32_t depth) {
+  CopyReference ref{name, record, depth, volume.size(), 0};
+  auto started = Clock::now();
+  std::deque<uint64_t> window;
+  for (uint64_t offset = 0; offset < volume.size(); offset += record) {
+    if (g_interrupted) return Status(Errc::kClosed, "interrupted");
+    if (window.size() == depth) {
+      PMIRROR_RETURN_IF_ERROR(volume.wait(window.front()));
+      window.pop_front();
+    }
+    auto sequence = volume.persist_async(offset, std::min(record, volume.size() - offset));
+    if (!sequence.ok()) return sequence.status().with_context(name);
+    window.push_back(*sequence);
+  }
+  PMIRROR_RETURN_IF_ERROR(volume.drain());
+  ref.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  return ref;
+}
+
+// Runs a full resync of the first peer; with `load`, depth-1 persists of
+// `record` bytes are issued back to back until it has finished.
+Result<ResyncPhase> resync_phase(initiator::Volume& volume, const std::string& peer, uint64_t rate,
+                                 bool load, uint64_t record, uint64_t& counter,
+                                 std::chrono::seconds limit) {
+  ResyncPhase phase;
+  phase.name = load ? "resync-load" : "resync-idle";
+  phase.rate_limit = rate;
+  phase.record_size = load ? record : 0;
+  PeerProgress before = peer_progress(volume);
+  if (before.active) return Status(Errc::kFailedPrecondition, "a resync is already running");
+  const uint64_t slots = volume.size() / record;
+  std::vector<double> samples;
+  auto started = Clock::now();
+  PMIRROR_RETURN_IF_ERROR(volume.resync(peer, /*full=*/true));
+  auto last_poll = Clock::now();
+  PeerProgress now = before;
+  while (true) {
+    if (g_interrupted) return Status(Errc::kClosed, "interrupted");
+    if (load) {
+      uint64_t offset = (counter++ % slots) * record;
+      stamp(volume.data() + offset, record, counter);
+      auto t0 = Clock::now();
+      Status persisted = volume.persist(offset, record);
+      auto t1 = Clock::now();
+      if (!persisted.ok()) return persisted.with_context("persist during resync");
+      samples.push_back(micros(t1 - t0));
+      if (t1 - last_poll < std::chrono::milliseconds(10)) continue;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    last_poll = Clock::now();
+    now = peer_progress(volume);
+    ++phase.polls;
+    if (now.active && now.rate > 0) phase.lib_rate = static_cast<double>(now.rate);
+    if (now.resyncs > before.resyncs) break;
+    if (Clock::now() - started > limit) {
+      return Status(Errc::kTimeout, "the resync did not finish within " +
+                                        std::to_string(limit.count()) +
+                                        " s; status: " + volume.status_json());
+    }
+  }
+  auto finished = Clock::now();
+  phase.resync_seconds = std::chrono::duration<double>(finished - started).count();
+  phase.resync_bytes = now.resynced_bytes - before.resynced_bytes;
+  phase.persist_seconds = load ? phase.resync_seconds : 0;
+  phase.latency = summarize(std::move(samples));
+  return phase;
+}
+
+Result<ResyncPhase> baseline_phase(initiator::Volume& volume, uint64_t rate, uint64_t record,
+                                   uint64_t warmup, uint64_t iterations, uint64_t& counter) {
+  PMIRROR_ASSIGN_OR_RETURN(Cell cell, run_cell(volume, 1, record, 1, warmup, iterations, counter));
+  ResyncPhase phase;
+  phase.name = "baseline";
+  phase.rate_limit = rate;
+  phase.record_size = record;
+  phase.latency = cell.latency;
+  phase.persist_seconds = cell.seconds;
+  return phase;
+}
+
+struct ResyncSettings {
+  initiator::VolumeOptions base;  // everything but resync_rate
+  std::vector<uint64_t> rates;
+  uint64_t record = 4096;
+  uint64_t warmup = 500;
+  uint64_t iterations = 5000;
+  bool idle = true;
+  bool reference = true;
+};
+
+struct ResyncResults {
+  std::vector<CopyReference> references;
+  std::vector<ResyncPhase> phases;
+  std::vector<std::pair<uint64_t, double>> open_seconds;  // rate, seconds of open()
+  std::string method;
+};
+
+Result<std::unique_ptr<initiator::Volume>> open_with_retry(const initiator::VolumeOptions& o) {
+  auto volume = initiator::Volume::open(o);
+  for (int retry = 0; retry < 100 && !volume.ok() && volume.status().code() == Errc::kBusy;
+       ++retry) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    volume = initiator::Volume::open(o);
+  }
+  return volume;
+}
+
+void print_phase(const ResyncPhase& p) {
+  char resync[64] = "-", lib[32] = "-", secs[32] = "-", mib[32] = "-";
+  if (p.name != "baseline") {
+    std::snprintf(resync, sizeof resync, "%s", size_label(p.resync_bytes).c_str());
+    std::snprintf(secs, sizeof secs, "%.2f", p.resync_seconds);
+    std::snprintf(mib, sizeof mib, "%.1f", p.resync_mib_per_second());
+    std::snprintf(lib, sizeof lib, "%.1f", p.lib_rate / 1048576.0);
+  }
+  char lat[96] = "-";
+  if (p.latency.count > 0) {
+    std::snprintf(lat, sizeof lat, "%7llu %8.1f %8.1f %8.1f %9.1f %9.0f",
+                  static_cast<unsigned long long>(p.latency.count), p.latency.p50, p.latency.p99,
+                  p.latency.p999, p.latency.max, p.persists_per_second());
+  }
+  std::printf("%-16s %-12s %9s %8s %9s %9s  %s\n", p.name.c_str(), rate_label(p.rate_limit).c_str(),
+              resync, secs, mib, lib, lat);
+  std::fflush(stdout);
+}
+
+Result<ResyncResults> run_resync_scenario(const ResyncSettings& s, const std::string& peer) {
+  ResyncResults results;
+  uint64_t counter = 0;
+  std::printf("%-16s %-12s %9s %8s %9s %9s  %7s %8s %8s %8s %9s %9s\n", "phase", "rate limit",
+              "copied", "seconds", "MiB/s", "lib MiB/s", "persists", "p50", "p99", "p99.9", "max",
+              "persists/s");
+  print_rule(120);
+  for (size_t i = 0; i < s.rates.size(); ++i) {
+    uint64_t rate = s.rates[i];
+    initiator::VolumeOptions options = s.base;
+    options.resync_rate = rate;
+    auto opened_at = Clock::now();
+    PMIRROR_ASSIGN_OR_RETURN(auto volume, open_with_retry(options));
+    double open_seconds = std::chrono::duration<double>(Clock::now() - opened_at).count();
+    results.open_seconds.emplace_back(rate, open_seconds);
+    if (i == 0) {
+      for (const auto& r : volume->replicas()) results.method = r.method;
+      // The first open gave the new replica its initial full sync.
+      std::printf("%-16s %-12s %9s %8.2f %9.1f %9s  (open(): connect + initial full sync)\n",
+                  "open", rate_label(rate).c_str(), size_label(volume->size()).c_str(),
+                  open_seconds, static_cast<double>(volume->size()) / open_seconds / 1048576.0,
+                  "-");
+      // Random bytes everywhere, so that no copy moves zero pages.
+      std::mt19937_64 rng(42);
+      auto* words = reinterpret_cast<uint64_t*>(volume->data());
+      for (uint64_t w = 0; w < volume->size() / 8; ++w) words[w] = rng();
+      PMIRROR_ASSIGN_OR_RETURN(auto prefill,
+                               copy_reference(*volume, "persist 64KiB x32", 64 * 1024, 32));
+      results.references.push_back(prefill);
+      if (s.reference) {
+        std::string step = size_label(s.base.resync_step);
+        step.erase(std::remove(step.begin(), step.end(), ' '), step.end());
+        std::string name = "persist " + step + " x1";
+        PMIRROR_ASSIGN_OR_RETURN(auto stream, copy_reference(*volume, name, s.base.resync_step, 1));
+        results.references.push_back(stream);
+      }
+      for (const auto& ref : results.references) {
+        std::printf("%-29s %9s %8.2f %9.1f %9s  (the whole volume as persists)\n", ref.name.c_str(),
+                    size_label(ref.bytes).c_str(), ref.seconds, ref.mib_per_second(), "-");
+      }
+    }
+    // Generous: the limiter's rate, or 20 MiB/s when unlimited, with 3x slack.
+    uint64_t expected_rate = rate != 0 ? rate : 20ull << 20;
+    auto limit = std::chrono::seconds(30 + 3 * volume->size() / expected_rate);
+    PMIRROR_ASSIGN_OR_RETURN(
+        auto base, baseline_phase(*volume, rate, s.record, s.warmup, s.iterations, counter));
+    print_phase(base);
+    results.phases.push_back(base);
+    if (s.idle) {
+      PMIRROR_ASSIGN_OR_RETURN(auto idle,
+                               resync_phase(*volume, peer, rate, false, s.record, counter, limit));
+      print_phase(idle);
+      results.phases.push_back(idle);
+    }
+    PMIRROR_ASSIGN_OR_RETURN(auto loaded,
+                             resync_phase(*volume, peer, rate, true, s.record, counter, limit));
+    print_phase(loaded);
+    results.phases.push_back(loaded);
+  }
+  print_rule(120);
+  return results;
+}
+
+Json resync_json(const ResyncResults& r) {
+  Json out;
+  out["method"] = r.method;
+  out["open"] = Json::array();
+  for (const auto& [rate, seconds] : r.open_seconds) {
+    out["open"].push_back(Json{{"rate_limit", rate}, {"seconds", seconds}});
+  }
+  out["references"] = Json::array();
+  for (const auto& ref : r.references) {
+    out["references"].push_back(Json{{"name", ref.name},
+                                     {"record", ref.record},
+                                     {"depth", ref.depth},
+                                     {"bytes", ref.bytes},
+                                     {"seconds", ref.seconds},
+                                     {"mib_per_s", ref.mib_per_second()}});
+  }
+  out["phases"] = Json::array();
+  for (const auto& p : r.phases) {
+    Json row{{"phase", p.name},
+             {"rate_limit", p.rate_limit},
+             {"rate_limit_label", rate_label(p.rate_limit)},
+             {"record_size", p.record_size}};
+    if (p.name != "baseline") {
+      row["resync_bytes"] = p.resync_bytes;
+      row["resync_seconds"] = p.resync_seconds;
+      row["resync_mib_per_s"] = p.resync_mib_per_second();
+      row["lib_rate_mib_per_s"] = p.lib_rate / 1048576.0;
+      row["polls"] = p.polls;
+    }
+    if (p.latency.count > 0) {
+      row["latency"] = summary_json(p.latency);
+      row["persists_per_s"] = p.persists_per_second();
+    }
+    out["phases"].push_back(row);
+  }
+  return out;
 }
 
 }  // namespace
@@ -545,6 +854,15 @@ int main(int argc, char** argv) {
   uint64_t warmup = 500;
   std::string json_path;
   std::string first_target_volume;  // --first-target-volume (lab benchmark)
+  std::string scenario = "matrix";
+  std::vector<std::string> resync_rate_args = {"unlimited", "200MiB/s"};
+  std::string chunk_text = "64KiB";
+  std::string resync_step_text = "1MiB";
+  std::string latency_size_text = "4KiB";
+  bool skip_idle = false;
+  bool skip_reference = false;
+  bool verbose = false;
+  std::string connect_timeout_text = "5s";
 
   auto* replica_option =
       app.add_option("--replica", replica_args, "a running target as HOST:PORT (repeat for more)");
@@ -591,6 +909,31 @@ int main(int argc, char** argv) {
                  "above)");
   app.add_option("--warmup", warmup, "unmeasured persists before each cell")->capture_default_str();
   app.add_option("--json", json_path, "also write the results as JSON to FILE");
+  app.add_option("--scenario", scenario,
+                 "matrix: persist latency/throughput matrix; resync: full-resync throughput and "
+                 "depth-1 persist latency while it runs (first target only)")
+      ->check(CLI::IsMember({"matrix", "resync"}))
+      ->capture_default_str();
+  app.add_option("--resync-rates", resync_rate_args,
+                 "resync scenario: VolumeOptions::resync_rate of each pass (unlimited, 200MiB/s)")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--chunk-size", chunk_text, "resync scenario: bytes per dirty bit")
+      ->capture_default_str();
+  app.add_option("--resync-step", resync_step_text, "resync scenario: bytes copied per step")
+      ->capture_default_str();
+  app.add_option("--latency-size", latency_size_text,
+                 "resync scenario: size of the depth-1 persists timed with and without a resync")
+      ->capture_default_str();
+  app.add_flag("--skip-idle", skip_idle, "resync scenario: no resync without persists");
+  app.add_flag("--skip-reference", skip_reference,
+               "resync scenario: do not write the volume with --resync-step persists as a "
+               "reference (the 64 KiB x 32 prefill is always timed)");
+  app.add_option("--connect-timeout", connect_timeout_text,
+                 "resync scenario: VolumeOptions::connect_timeout (e.g. 30s under TCG)")
+      ->capture_default_str();
+  app.add_flag("--verbose", verbose,
+               "resync scenario: keep libpmirror's info log (state changes) on stdout");
   CLI11_PARSE(app, argc, argv);
 
   auto fail = [](const std::string& what) {
@@ -691,6 +1034,94 @@ int main(int argc, char** argv) {
 
   Json facts = machine_facts();
   const std::string load_before = load_average();
+  if (scenario == "resync") {
+    // libpmirror logs every state change at info; keep the table readable.
+    if (!verbose) spdlog::set_level(spdlog::level::warn);
+    ResyncSettings settings;
+    for (const auto& text : resync_rate_args) {
+      std::string t = text;
+      if (t != "unlimited" && t != "0" && (t.size() < 2 || t.substr(t.size() - 2) != "/s")) {
+        t += "/s";
+      }
+      auto rate = config::parse_rate(t);
+      if (!rate.ok()) return fail("--resync-rates: " + rate.status().message());
+      settings.rates.push_back(*rate);
+    }
+    auto chunk = config::parse_size(chunk_text);
+    auto step = config::parse_size(resync_step_text);
+    auto record = config::parse_size(latency_size_text);
+    if (!chunk.ok()) return fail("--chunk-size: " + chunk.status().message());
+    if (!step.ok() || *step == 0) return fail("--resync-step: not a size");
+    if (!record.ok() || *record == 0 || *record > *volume_size / 2) {
+      return fail("--latency-size: not a size, or too large for the volume");
+    }
+    initiator::VolumeOptions& o = settings.base;
+    o.name = volume_name;
+    o.local_path = local_path;
+    o.size = *volume_size;
+    o.create = true;
+    o.identity = identity;
+    o.method = method_name == "gpspm" ? initiator::MethodPreference::kGpspm
+                                      : initiator::MethodPreference::kAuto;
+    o.max_in_flight = 32;
+    o.chunk_size = *chunk;
+    o.resync_step = *step;
+    o.replicas.push_back({endpoints[0].host, endpoints[0].port, *kind, secret, ""});
+    auto connect_timeout = config::parse_duration(connect_timeout_text);
+    if (!connect_timeout.ok() || connect_timeout->count() == 0) {
+      return fail("--connect-timeout: a duration such as 5s");
+    }
+    o.connect_timeout = *connect_timeout;
+    settings.record = *record;
+    settings.warmup = warmup;
+    settings.iterations = iterations_override.value_or(5000);
+    settings.idle = !skip_idle;
+    settings.reference = !skip_reference;
+    const std::string peer = endpoints[0].host + ":" + std::to_string(endpoints[0].port);
+    std::string fs = filesystem_of(spawn_targets > 0 ? work_dir : volume_dir_of(local_path));
+    std::printf(
+        "pmirror-bench --scenario resync: %s, target %s (%s), volume %s, local copy %s (%s)\n",
+        transport_name.c_str(), peer.c_str(), spawn_targets > 0 ? "spawned" : "given",
+        size_text.c_str(), local_path.c_str(), fs.c_str());
+    std::printf("chunk %s, resync step %s, full resyncs; persists: %s at depth 1\n",
+                size_label(*chunk).c_str(), size_label(*step).c_str(), size_label(*record).c_str());
+    std::printf("machine: %s, %s, %s cores; load %s\n",
+                facts["cpu_model"].get<std::string>().c_str(),
+                facts["kernel"].get<std::string>().c_str(),
+                std::to_string(facts["nproc"].get<unsigned>()).c_str(), load_before.c_str());
+    std::printf(
+        "copied/seconds/MiB/s: the resync, from Volume::resync() until status_json() counts it "
+        "done; lib MiB/s: its own rate_bytes_per_s; latency in microseconds\n\n");
+    auto results = run_resync_scenario(settings, peer);
+    if (!results.ok()) return fail(results.status().message());
+    std::string load_after = load_average();
+    std::printf("target method: %s; load average before %s, after %s\n", results->method.c_str(),
+                load_before.c_str(), load_after.c_str());
+    if (!json_path.empty()) {
+      Json out = resync_json(*results);
+      out["machine"] = facts;
+      out["machine"]["load_average_before"] = load_before;
+      out["machine"]["load_average_after"] = load_after;
+      out["setup"] = Json{{"scenario", "resync"},
+                          {"transport", transport_name},
+                          {"mode", spawn_targets > 0 ? "spawn" : "replica"},
+                          {"target", peer},
+                          {"target_volume", first_target_volume},
+                          {"data_dir", spawn_targets > 0 ? data_dir : volume_dir_of(local_path)},
+                          {"data_fs", fs},
+                          {"volume_size", *volume_size},
+                          {"chunk_size", *chunk},
+                          {"resync_step", *step},
+                          {"latency_size", *record},
+                          {"warmup", warmup},
+                          {"iterations", settings.iterations}};
+      std::ofstream file(json_path);
+      file << out.dump(2) << "\n";
+      if (!file) return fail("cannot write --json " + json_path);
+      std::printf("wrote %s\n", json_path.c_str());
+    }
+    return 0;
+  }
   std::string volume_dir = std::filesystem::path(local_path).parent_path().string();
   if (volume_dir.empty()) volume_dir = ".";
   std::string fs = filesystem_of(spawn_targets > 0 ? work_dir : volume_dir);

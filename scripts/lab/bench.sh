@@ -15,6 +15,15 @@
 #   scripts/lab/bench.sh [BUILD_DIR]
 #   scripts/lab/bench.sh --summarize RESULTS_DIR   # only print the summary again
 #
+# With --resync (first argument) it runs scripts/lab/tests/guest-resync-bench.sh
+# instead: the resync benchmark (pmirror-bench --scenario resync) over rdma,
+# target on devdax, next to ib_write_bw of 1 MiB; summary by
+# bench/resync_summary.py. Knobs PMIRROR_LAB_RESYNC_{ROUNDS,SIZE,RATES,ITERS,
+# LATENCY_SIZE} (see that script); NVDIMM set "resync" unless
+# PMIRROR_LAB_BENCH_NODE is set.
+#   scripts/lab/bench.sh --resync [BUILD_DIR]
+#   scripts/lab/bench.sh --resync --summarize RESULTS_DIR
+#
 # Environment:
 #   PMIRROR_LAB_BENCH_OUT     results folder (default bench/results/lab-<date>-<host>)
 #   PMIRROR_LAB_BENCH_ROUNDS  rounds (default 5)
@@ -110,8 +119,34 @@ json.dump({"facts": facts, "dropped": dropped, "summary": list(summary.values())
 print(f"\nwrote {out}/summary.txt, summary.json, rounds.tsv, raw/")
 PY
 }
+# summarize_resync OUT_DIR: the resync benchmark's summary (+ ib_write_bw).
+summarize_resync() {
+  local dir=$1
+  {
+    cat "$dir/host.txt" "$dir/guest-versions.txt" 2>/dev/null | grep -v '^$'
+    if [[ -s $dir/bw.tsv ]]; then
+      echo "ib_write_bw 1 MiB messages, MB/sec average per round: $(cut -f2 "$dir/bw.tsv" | tr '\n' ' ')"
+    fi
+    echo
+  } > "$dir/summary-head.txt"
+  cat "$dir/summary-head.txt"
+  local jsons
+  mapfile -t jsons < <(ls "$dir"/raw/round*.json | sort -V)
+  python3 "$repo/bench/resync_summary.py" "$dir" "${jsons[@]}"
+  cat "$dir/summary-head.txt" "$dir/summary.txt" > "$dir/summary.tmp" && mv "$dir/summary.tmp" "$dir/summary.txt"
+  rm -f "$dir/summary-head.txt"
+}
+mode=latency
+if [[ ${1:-} == --resync ]]; then
+  mode=resync
+  shift
+fi
 if [[ ${1:-} == --summarize ]]; then
-  summarize "${2:?usage: bench.sh --summarize RESULTS_DIR}"
+  if [[ $mode == resync ]]; then
+    summarize_resync "${2:?usage: bench.sh --resync --summarize RESULTS_DIR}"
+  else
+    summarize "${2:?usage: bench.sh --summarize RESULTS_DIR}"
+  fi
   exit
 fi
 
@@ -122,12 +157,21 @@ for f in daemon/pmirrord bench/pmirror-bench; do
 done
 "$build/bench/pmirror-bench" --help | grep -q -- --first-target-volume ||
   { echo "bench.sh: $build/bench/pmirror-bench has no --first-target-volume (rebuild)" >&2; exit 1; }
+if [[ $mode == resync ]]; then
+  "$build/bench/pmirror-bench" --help | grep -q -- --scenario ||
+    { echo "bench.sh: $build/bench/pmirror-bench has no --scenario (rebuild)" >&2; exit 1; }
+fi
 
 stamp=$(date +%Y%m%d-%H%M%S)-$(hostname -s)
-out=${PMIRROR_LAB_BENCH_OUT:-$repo/bench/results/lab-$stamp}
+if [[ $mode == resync ]]; then
+  out=${PMIRROR_LAB_BENCH_OUT:-$repo/bench/results/lab-$stamp-resync}
+  node=${PMIRROR_LAB_BENCH_NODE:-resync}
+else
+  out=${PMIRROR_LAB_BENCH_OUT:-$repo/bench/results/lab-$stamp}
+  node=${PMIRROR_LAB_BENCH_NODE:-bench}
+fi
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-node=${PMIRROR_LAB_BENCH_NODE:-bench}
 export PMIRROR_LAB_BENCH_ROUNDS=${PMIRROR_LAB_BENCH_ROUNDS:-5}
 export PMIRROR_LAB_BENCH_SIZES=${PMIRROR_LAB_BENCH_SIZES:-64,4096}
 export PMIRROR_LAB_BENCH_ITERS=${PMIRROR_LAB_BENCH_ITERS:-500}
@@ -154,18 +198,35 @@ trap 'kill "$sampler" 2>/dev/null || true' EXIT
 
 started=$(date +%s)
 status=0
+if [[ $mode == resync ]]; then
+  # run.sh passes every PMIRROR_* variable of ours into the guest.
+  PMIRROR_LAB_TIMING=1 "$repo/scripts/lab/run.sh" --nvdimm --node "$node" --rw "$out" \
+    --timeout "${PMIRROR_LAB_BENCH_TIMEOUT:-1500}" -- \
+    "$repo/scripts/lab/tests/guest-resync-bench.sh" "$build" "$out" 2>&1 | tee "$out/guest.log" ||
+    status=$?
+else
 PMIRROR_LAB_TIMING=1 "$repo/scripts/lab/run.sh" --nvdimm --node "$node" --rw "$out" \
   --timeout "${PMIRROR_LAB_BENCH_TIMEOUT:-1500}" \
   --env PMIRROR_LAB_BENCH_ROUNDS --env PMIRROR_LAB_BENCH_SIZES --env PMIRROR_LAB_BENCH_ITERS \
   --env PMIRROR_LAB_BENCH_WARMUP --env PMIRROR_LAB_BENCH_GPSPM -- \
   "$repo/scripts/lab/tests/guest-bench.sh" "$build" "$out" 2>&1 | tee "$out/guest.log" ||
   status=$?
+fi
 kill "$sampler" 2>/dev/null || true
 {
   echo "host_load_after=$(cut -d' ' -f1-3 /proc/loadavg)"
   echo "host_load_during=$(awk '{s += $2; n++; if ($2 > m) m = $2} END {if (n) printf "mean %.1f, max %.1f (%d samples)", s / n, m, n}' "$out/host-load.log")"
   echo "wall_s=$(($(date +%s) - started))"
 } >> "$out/host.txt"
+if [[ $mode == resync ]]; then
+  if [[ $status != 0 ]] || ! ls "$out"/raw/round*.json > /dev/null 2>&1; then
+    echo "bench.sh: the guest run failed (status $status); see $out/guest.log" >&2
+    [[ $status == 0 ]] && status=1
+    exit "$status"
+  fi
+  summarize_resync "$out"
+  exit
+fi
 if [[ $status != 0 || ! -s $out/rounds.tsv ]]; then
   echo "bench.sh: the guest run failed (status $status); see $out/guest.log" >&2
   [[ $status == 0 ]] && status=1

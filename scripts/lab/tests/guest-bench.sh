@@ -31,6 +31,9 @@ bench="$build/bench/pmirror-bench"
 daemon="$build/daemon/pmirrord"
 ulimit -l unlimited
 mkdir -p "$out/raw"
+# pmirrord keeps the metadata of a copy on /dev/dax* in /var/lib/pmirror
+# (the guest's tmpfs overlay: fresh every boot); without it the target exits.
+mkdir -p /var/lib/pmirror
 tsv="$out/rounds.tsv"
 printf 'round\ttool\tsize\tp50_us\tp99_us\tp999_us\tmin_us\tmax_us\tmethod\n' > "$tsv"
 
@@ -96,6 +99,9 @@ pmirror() {
   local round=$1 kind=$2 json="$out/raw/r$1-pmirror-$2.json"
   local extra=()
   [[ $kind == apm ]] && extra=(--first-target-volume "$PMIRROR_LAB_DAX_DEV")
+  # A new primary each run: the devdax copy's metadata of the last run would
+  # hold a generation it never knew (refused as split brain).
+  rm -f /var/lib/pmirror/*.pmirror
   timeout 300 "$bench" --spawn-targets 1 --pmirrord "$daemon" --transport rdma --address "$addr" \
     --dir /dev/shm --size 16MiB --sizes "$sizes" --depths 1 --replicas-list 1 \
     --iterations "$iters" --warmup "$warmup" --json "$json" "${extra[@]}" \
