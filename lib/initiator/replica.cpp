@@ -247,8 +247,11 @@ static Status complete_front(std::deque<uint64_t>& in_flight, uint64_t sequence,
   return Status::Ok();
 }
 
-Status Replica::resync_range(uint64_t offset, uint64_t length) {
+Status Replica::post_resync(uint64_t offset, uint64_t length) {
   if (failed()) return error_;
+  if (resync_outstanding_) {
+    return Status(Errc::kInternal, "a resync copy is already in flight to " + label_);
+  }
   auto deadline = Clock::now() + operation_timeout_;
   while (credits_ == 0) {
     if (Status pumped = pump(10ms); !pumped.ok()) return fail(pumped);
@@ -258,6 +261,8 @@ Status Replica::resync_range(uint64_t offset, uint64_t length) {
     }
   }
   resync_outstanding_ = true;
+  resync_posted_ = Clock::now();
+  resync_what_ = "[" + std::to_string(offset) + ", +" + std::to_string(length) + ")";
   Status posted = post_with_retry([&] {
     return connection_->post_write(*local_region_, offset, length, remote_, offset, kWriteTag,
                                    /*signaled=*/false);
@@ -274,15 +279,28 @@ Status Replica::resync_range(uint64_t offset, uint64_t length) {
     if (posted.ok()) --credits_;
   }
   if (!posted.ok()) return fail(posted);
-  while (resync_outstanding_) {
-    if (Clock::now() > deadline) {
-      return fail(Status(Errc::kTimeout, "resync of [" + std::to_string(offset) + ", +" +
-                                             std::to_string(length) + ") not acknowledged within " +
-                                             std::to_string(operation_timeout_.count()) + " ms"));
-    }
+  return Status::Ok();
+}
+
+Result<bool> Replica::resync_done() {
+  if (failed()) return error_;
+  if (!resync_outstanding_) return true;
+  if (Status pumped = pump(0ms); !pumped.ok()) return fail(pumped);
+  if (!resync_outstanding_) return true;
+  if (Clock::now() - resync_posted_ > operation_timeout_) {
+    return fail(Status(Errc::kTimeout, "resync of " + resync_what_ + " not acknowledged within " +
+                                           std::to_string(operation_timeout_.count()) + " ms"));
+  }
+  return false;
+}
+
+Status Replica::resync_range(uint64_t offset, uint64_t length) {
+  PMIRROR_RETURN_IF_ERROR(post_resync(offset, length));
+  while (true) {
+    PMIRROR_ASSIGN_OR_RETURN(bool done, resync_done());
+    if (done) return Status::Ok();
     if (Status pumped = pump(10ms); !pumped.ok()) return fail(pumped);
   }
-  return Status::Ok();
 }
 
 Status Replica::handle_completion(const transport::Completion& completion) {

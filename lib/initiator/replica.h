@@ -51,6 +51,11 @@ class Replica {
   // persists may be in flight meanwhile: both go down the same connection
   // in order, so the replica ends with the newest bytes either way.
   Status resync_range(uint64_t offset, uint64_t length);
+  // The same in two halves, so that the caller need not wait (and hold its
+  // lock) for the round trip: post the copy, then ask whether it is durable
+  // (true), not yet (false), or failed. One resync copy in flight at a time.
+  Status post_resync(uint64_t offset, uint64_t length);
+  Result<bool> resync_done();
   uint64_t in_flight_count() const { return in_flight_.size(); }
   // The replica's copy as its descriptor described it, and what it reported
   // of its own activity log (an old primary that crashed).
@@ -109,6 +114,8 @@ class Replica {
   bool ping_outstanding_ = false;
   std::chrono::steady_clock::time_point ping_sent_{};
   bool resync_outstanding_ = false;
+  std::chrono::steady_clock::time_point resync_posted_{};
+  std::string resync_what_;
   bool generation_ack_outstanding_ = false;
   std::optional<protocol::VerifyReply> verify_reply_;
   RemoteCopy remote_copy_;

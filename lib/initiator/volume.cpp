@@ -38,6 +38,10 @@ struct InFlight {
   uint64_t length = 0;
 };
 
+// What a supervisor pass left to do: nothing soon (sleep), more at once,
+// or a copy in flight to poll shortly.
+enum class Work { kIdle, kWaiting, kBusy };  // ordered: std::max picks the most urgent
+
 // A replica as the volume's supervisor sees it: the live session (if any),
 // its connection state, what is recorded dirty for it, and its resync.
 struct Slot {
@@ -67,6 +71,12 @@ struct Slot {
   // The resync under way (while `resync_active`).
   bool resync_active = false;
   bool resync_full = false;
+  // The resync copy on its way (one at a time): its chunks are cleared
+  // when it is durable.
+  bool copy_in_flight = false;
+  uint64_t copy_first = 0;
+  uint64_t copy_run = 0;
+  uint64_t copy_length = 0;
   uint64_t resync_cursor = 0;  // next chunk to look at
   uint64_t resync_total_bytes = 0;
   uint64_t resync_done_bytes = 0;
@@ -94,7 +104,13 @@ bool is_misconfiguration(Errc code) {
          code == Errc::kInvalidArgument || code == Errc::kUnsupported;
 }
 
-bool is_refusal(Errc code) { return is_misconfiguration(code) || code == Errc::kBusy; }
+// A replica's copy was promoted: this node is no longer the primary, and
+// writing on without it would make a split brain certain.
+bool is_demotion(Errc code) { return code == Errc::kFailedPrecondition; }
+
+bool is_refusal(Errc code) {
+  return is_misconfiguration(code) || is_demotion(code) || code == Errc::kBusy;
+}
 
 }  // namespace
 
@@ -206,6 +222,7 @@ class Volume::Impl {
     slot.replica.reset();
     slot.in_sync = false;
     slot.resync_active = false;
+    slot.copy_in_flight = false;
     slot.next_attempt = Clock::now() + slot.backoff.next();
     slot.state.transition(to, why.message());
     trim_in_flight();
@@ -496,10 +513,21 @@ class Volume::Impl {
 
   // ---------------------------------------------------------------- resync
 
-  // Copies the next run of dirty chunks to the replica. Returns true if it
-  // copied something (the supervisor then goes on without sleeping).
-  // Mutex held.
-  bool resync_step(Slot& slot) {
+  // Collects the copy in flight, if it is durable, and posts the next run of
+  // dirty chunks. The mutex is held only to post and to poll, never across
+  // the round trip, so persists go on while a copy travels. Mutex held.
+  Work resync_step(Slot& slot) {
+    bool completed = false;
+    if (slot.copy_in_flight) {
+      auto done = slot.replica->resync_done();
+      if (!done.ok()) {
+        drop(slot, done.status());
+        return Work::kIdle;
+      }
+      if (!*done) return Work::kWaiting;
+      complete_copy(slot);
+      completed = true;
+    }
     auto now = Clock::now();
     uint64_t step = std::max(options.resync_step, chunk_size);
     if (options.resync_rate != 0) {
@@ -507,7 +535,7 @@ class Volume::Impl {
       slot.rate_refilled = now;
       slot.rate_tokens = std::min(slot.rate_tokens + elapsed * double(options.resync_rate),
                                   double(std::max<uint64_t>(step, options.resync_rate / 10)));
-      if (slot.rate_tokens < double(chunk_size)) return false;
+      if (slot.rate_tokens < double(chunk_size)) return Work::kIdle;
       step = std::min<uint64_t>(step, uint64_t(slot.rate_tokens));
     }
     uint64_t first = meta->next_dirty(slot.peer, slot.resync_cursor);
@@ -518,7 +546,7 @@ class Volume::Impl {
     }
     if (first >= chunks) {
       finish_resync(slot);
-      return false;
+      return completed ? Work::kBusy : Work::kIdle;
     }
     uint64_t run = 1;
     while (first + run < chunks && (run + 1) * chunk_size <= step &&
@@ -527,25 +555,33 @@ class Volume::Impl {
     }
     uint64_t offset = first * chunk_size;
     uint64_t length = std::min(run * chunk_size, local->size() - offset);
-    Status copied = slot.replica->resync_range(offset, length);
-    if (!copied.ok()) {
-      drop(slot, copied);
-      return false;
+    if (Status posted = slot.replica->post_resync(offset, length); !posted.ok()) {
+      drop(slot, posted);
+      return Work::kIdle;
     }
-    for (uint64_t chunk = first; chunk < first + run; ++chunk) {
+    slot.copy_in_flight = true;
+    slot.copy_first = first;
+    slot.copy_run = run;
+    slot.copy_length = length;
+    slot.resync_cursor = first + run;
+    if (options.resync_rate != 0) slot.rate_tokens -= double(length);
+    return Work::kWaiting;
+  }
+
+  // The copy in flight is durable on the replica: its chunks are clean.
+  void complete_copy(Slot& slot) {
+    slot.copy_in_flight = false;
+    for (uint64_t chunk = slot.copy_first; chunk < slot.copy_first + slot.copy_run; ++chunk) {
       if (Status cleared = meta->clear(slot.peer, chunk); !cleared.ok()) {
         spdlog::error("volume {}: clearing chunk {} for {}: {}", options.name, chunk, slot.label,
                       cleared.to_string());
       }
     }
-    slot.resync_cursor = first + run;
-    slot.resync_done_bytes += length;
-    slot.resynced_chunks += run;
-    slot.resynced_bytes += length;
-    if (options.resync_rate != 0) slot.rate_tokens -= double(length);
+    slot.resync_done_bytes += slot.copy_length;
+    slot.resynced_chunks += slot.copy_run;
+    slot.resynced_bytes += slot.copy_length;
     double seconds = std::chrono::duration<double>(Clock::now() - slot.resync_started).count();
     if (seconds > 0) slot.resync_rate = double(slot.resync_done_bytes) / seconds;
-    return true;
   }
 
   void finish_resync(Slot& slot) {
@@ -585,10 +621,10 @@ class Volume::Impl {
     if (meta->dirty_count(slot.peer) == 0) (void)meta->untrack_peer(slot.peer);
   }
 
-  // One supervisor pass: reconnect, resync a step, heartbeat. Returns true
-  // if there is more resync work to do at once.
-  bool supervise() {
-    bool busy = false;
+  // One supervisor pass: reconnect, resync a step, heartbeat. Returns the
+  // most urgent work left (kBusy > kWaiting > kIdle).
+  Work supervise() {
+    Work work = Work::kIdle;
     for (auto& slot_ptr : slots) {
       Slot& slot = *slot_ptr;
       std::unique_lock lock(mutex);
@@ -603,7 +639,7 @@ class Volume::Impl {
       }
       if (!slot.live()) continue;
       if (slot.resync_active) {
-        busy = resync_step(slot) || busy;
+        work = std::max(work, resync_step(slot));
       } else if (slot.in_sync) {
         announce_generation(slot);
       }
@@ -618,18 +654,23 @@ class Volume::Impl {
     }
     std::lock_guard lock(mutex);
     trim_in_flight();
-    return busy;
+    return work;
   }
 
   void supervisor_loop() {
     std::unique_lock wake_lock(supervisor_mutex);
-    bool busy = false;
+    Work work = Work::kIdle;
     while (!stopping) {
-      if (!busy) supervisor_wake.wait_for(wake_lock, std::chrono::milliseconds(50));
+      if (work == Work::kIdle) {
+        supervisor_wake.wait_for(wake_lock, std::chrono::milliseconds(50));
+      } else if (work == Work::kWaiting) {
+        // A resync copy is on its way: look again shortly.
+        supervisor_wake.wait_for(wake_lock, std::chrono::microseconds(100));
+      }
       if (stopping) break;
       wake_lock.unlock();
-      busy = supervise();
-      if (busy) {
+      work = supervise();
+      if (work != Work::kIdle) {
         for (int spins = 0; app_waiting.load() > 0 && spins < 1000; ++spins) {
           std::this_thread::sleep_for(std::chrono::microseconds(10));
         }
@@ -1069,6 +1110,15 @@ Result<std::unique_ptr<Volume>> Volume::open(const VolumeOptions& options) {
     }
     if (!errors.empty()) errors += "; ";
     errors += connected[i].status().message();
+  }
+  for (const auto& result : connected) {
+    if (!result.ok() && is_demotion(result.status().code())) {
+      return fail_open(Status(Errc::kFailedPrecondition,
+                              "opening volume '" + options.name +
+                                  "': " + result.status().message() +
+                                  "; this copy is no longer the primary: run the application "
+                                  "on the promoted node, or demote it there first"));
+    }
   }
   if (first_code != Errc::kOk &&
       (is_misconfiguration(first_code) ||

@@ -17,6 +17,11 @@
 #include <string_view>
 
 namespace pmirror::metadata {
+
+namespace {
+constexpr const char* kDefaultMetadataDir = "/var/lib/pmirror";
+}  // namespace
+
 namespace {
 
 // "PMCOPY01": set when the root object is constructed.
@@ -402,7 +407,9 @@ std::string uuid_to_string(const Uuid& uuid) {
 
 std::string default_metadata_path(const std::string& data_path, const std::string& volume) {
   // A devdax character device has no directory of its own to hold a file.
-  if (data_path.starts_with("/dev/dax")) return "/var/lib/pmirror/" + volume + ".pmirror";
+  if (data_path.starts_with("/dev/dax")) {
+    return std::string(kDefaultMetadataDir) + "/" + volume + ".pmirror";
+  }
   return data_path + ".pmirror";
 }
 
@@ -427,6 +434,12 @@ Result<std::unique_ptr<CopyMetadata>> CopyMetadata::open(const Options& options)
     }
     std::string parent = parent_dir(path);
     struct stat pst {};
+    if (options.create_if_missing && parent == kDefaultMetadataDir &&
+        ::stat(parent.c_str(), &pst) != 0) {
+      // The default home of devdax copies' metadata (the systemd unit's
+      // StateDirectory, absent on a machine set up by hand).
+      ::mkdir(parent.c_str(), 0755);
+    }
     if (::stat(parent.c_str(), &pst) != 0 || !S_ISDIR(pst.st_mode)) {
       return Status(Errc::kNotFound, "directory " + parent + " for copy metadata " + path +
                                          " does not exist; create it (mkdir -p " + parent + ")");

@@ -237,7 +237,9 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
     spdlog::warn("{}: refused: {}", who, text);
     md.close();  // let go first: an operator's demote may follow at once
     claim.release();
-    refuse_session(Errc::kBusy, text);
+    // Not "busy": waiting will not help. The initiator must not go on
+    // without this copy as if it were merely down (docs/replica-recovery.md).
+    refuse_session(Errc::kFailedPrecondition, text);
     return;
   }
 

@@ -432,7 +432,7 @@ TEST_F(TargetTest, PromotedCopyRefusesSessionsUntilDemoted) {
 
   auto refused = open_session(target_->port());
   ASSERT_FALSE(refused.ok());
-  EXPECT_EQ(refused.status().code(), Errc::kBusy);
+  EXPECT_EQ(refused.status().code(), Errc::kFailedPrecondition);
   EXPECT_THAT(refused.status().message(),
               HasSubstr("volume 'v1' was promoted on node b and accepts no other primary; run "
                         "`pmirrorctl demote v1` on b to make it a replica again"));
