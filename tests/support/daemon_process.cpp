@@ -98,6 +98,11 @@ bool DaemonProcess::start() {
           << "      app: " << dir_ << "/app-" << v.name << ".img\n"
           << "      " << node_ << ": " << v.path << "\n"
           << "    create: true\n"
+          // Each test's own metadata pool: a devdax copy's default one
+          // (/var/lib/pmirror/<volume>.pmirror) would outlive the test and
+          // make the next test's new primary a split brain.
+          << "    metadata:\n"
+          << "      " << node_ << ": " << dir_ << "/" << node_ << "-" << v.name << ".pmirror\n"
           << "    allowed_peers: [";
       for (size_t i = 0; i < v.allowed_peers.size(); ++i) {
         out << (i ? ", " : "") << v.allowed_peers[i];
