@@ -16,6 +16,8 @@
 #include <random>
 #include <string_view>
 
+#include "state/pool_file.h"
+
 namespace pmirror::metadata {
 
 namespace {
@@ -266,40 +268,6 @@ Status permission_error(const std::string& path, const std::string& reason) {
                     std::to_string(::geteuid()) + ")");
 }
 
-// Checks that an existing file looks like a libpmemobj pool before handing
-// it to pmemobj_open, which can crash (SIGBUS) on a short or empty file.
-Status precheck_pool_file(const std::string& path, const struct stat& st) {
-  if (!S_ISREG(st.st_mode)) return Status::Ok();  // devdax: cannot read(2) it; trust libpmemobj
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    if (err == EACCES || err == EPERM) return permission_error(path, std::strerror(err));
-    return errno_status(Errc::kIoError, "cannot read copy metadata " + path, err);
-  }
-  char sig[11] = {};
-  ssize_t got = ::pread(fd, sig, sizeof(sig), 0);
-  ::close(fd);
-  std::string_view head(sig, got > 0 ? static_cast<size_t>(got) : 0);
-  if (head.starts_with("PMEMPOOLSET")) return Status::Ok();
-  std::string_view signature = head.substr(0, std::min<size_t>(8, head.size()));
-  signature = signature.substr(0, strnlen(signature.data(), signature.size()));
-  const std::string not_pool = "copy metadata " + path + " is not a libpmemobj pool";
-  const std::string what_to_do =
-      "; point `metadata:` at a new path (it is created) or move this file away";
-  if (static_cast<uint64_t>(st.st_size) < PMEMOBJ_MIN_POOL) {
-    return Status(Errc::kInvalidArgument, not_pool + " (" + std::to_string(st.st_size) +
-                                              " bytes, smaller than any pool)" + what_to_do);
-  }
-  if (signature.starts_with("PMEM") && signature != "PMEMOBJ") {
-    return Status(Errc::kInvalidArgument, not_pool + " but a " + std::string(signature) +
-                                              " pool of another library" + what_to_do);
-  }
-  if (signature != "PMEMOBJ") {
-    return Status(Errc::kInvalidArgument, not_pool + " (no PMEMOBJ signature)" + what_to_do);
-  }
-  return Status::Ok();
-}
-
 // Why pmemobj_open failed on a file that passed precheck_pool_file.
 Status diagnose_open_failure(const std::string& path, int err, const std::string& reason) {
   if (err == EACCES || err == EPERM || err == EROFS) return permission_error(path, reason);
@@ -473,7 +441,11 @@ Result<std::unique_ptr<CopyMetadata>> CopyMetadata::open(const Options& options)
       return Status(Errc::kInvalidArgument,
                     "copy metadata " + path + " is not a regular file or devdax device");
     }
-    PMIRROR_RETURN_IF_ERROR(precheck_pool_file(path, st));
+    PMIRROR_RETURN_IF_ERROR(state::precheck_pool_file(
+        path, st,
+        {"copy metadata",
+         "; point `metadata:` at a new path (it is created) or move this file away",
+         permission_error}));
     PMEMobjpool* pop = pmemobj_open(path.c_str(), kLayoutName);
     if (pop == nullptr) {
       int err = errno;
