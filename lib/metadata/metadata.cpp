@@ -26,6 +26,12 @@ constexpr const char* kDefaultMetadataDir = "/var/lib/pmirror";
 
 namespace {
 
+using state::pmemobj_reason;
+using state::random_uuid;
+using state::read_name;
+using state::run_tx;
+using state::snapshot;
+
 // "PMCOPY01": set when the root object is constructed.
 constexpr uint64_t kRootMagic = 0x313059504f434d50ULL;
 constexpr uint32_t kRootVersion = 1;
@@ -128,17 +134,6 @@ bool random_bytes(void* out, size_t len) {
   return true;
 }
 
-Uuid random_uuid() {
-  Uuid uuid{};
-  if (!random_bytes(uuid.data(), uuid.size())) {
-    std::random_device rd;
-    for (auto& b : uuid) b = static_cast<uint8_t>(rd());
-  }
-  uuid[6] = static_cast<uint8_t>((uuid[6] & 0x0f) | 0x40);  // version 4
-  uuid[8] = static_cast<uint8_t>((uuid[8] & 0x3f) | 0x80);  // RFC 4122 variant
-  return uuid;
-}
-
 uint64_t random_u64() {
   uint64_t v = 0;
   if (!random_bytes(&v, sizeof(v))) {
@@ -161,47 +156,6 @@ void push_history(PoolHeader* h, uint64_t old_current) {
   for (size_t i = kHistory - 1; i > 0; --i) h->history[i] = h->history[i - 1];
   h->history[0] = old_current;
 }
-
-std::string read_name(const char* field, size_t field_size) {
-  return std::string(field, strnlen(field, field_size));
-}
-
-std::string pmemobj_reason(int err) {
-  const char* msg = pmemobj_errormsg();
-  if (msg != nullptr && *msg != '\0') return msg;
-  return std::strerror(err);
-}
-
-// Runs `fn` as one libpmemobj transaction through the C API. With a null
-// jmp_buf libpmemobj never longjmps (which would skip C++ destructors);
-// failures come back as return values instead. `fn` snapshots every range
-// it changes with pmemobj_tx_add_range_direct first and returns 0, or an
-// errno to abort (a failed add_range has already aborted the transaction).
-template <typename Fn>
-Status run_tx(PMEMobjpool* pop, const std::string& what, Fn&& fn) {
-  if (pmemobj_tx_begin(pop, nullptr, TX_PARAM_NONE) != 0) {
-    int err = errno;
-    std::string reason = pmemobj_reason(err);
-    pmemobj_tx_end();  // required even when begin failed
-    return Status(Errc::kIoError, what + ": cannot start a transaction: " + reason);
-  }
-  int err = fn();
-  if (pmemobj_tx_stage() == TX_STAGE_WORK) {
-    if (err == 0) {
-      pmemobj_tx_commit();
-    } else {
-      pmemobj_tx_abort(err);
-    }
-  }
-  int rc = pmemobj_tx_end();
-  if (rc != 0) {
-    return Status(rc == ENOMEM ? Errc::kResourceExhausted : Errc::kIoError,
-                  what + ": transaction aborted, nothing changed: " + pmemobj_reason(rc));
-  }
-  return Status::Ok();
-}
-
-int snapshot(void* addr, size_t len) { return pmemobj_tx_add_range_direct(addr, len); }
 
 // Sets bits [first, last] of `bm`; only words that change are written, and
 // each run of changed words is persisted before the call returns. Returns

@@ -1,8 +1,10 @@
 #include "region/region.h"
 
+#include <fcntl.h>
 #include <libpmem.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -32,6 +34,7 @@ Errc errc_for(int err) {
       return Errc::kInvalidArgument;
     case ENOMEM:
     case ENOSPC:
+    case EDQUOT:
       return Errc::kResourceExhausted;
     case EBUSY:
     case ETXTBSY:
@@ -78,9 +81,43 @@ bool is_devdax(const struct stat& st, std::string* subsystem_out) {
   return subsystem.substr(slash == std::string::npos ? 0 : slash + 1) == "dax";
 }
 
-Status check_page_multiple(const std::string& path, uint64_t size, const char* what) {
+std::string make_label(const OpenOptions& options) {
+  if (options.name.empty()) return "volume " + options.path;
+  return "volume '" + options.name + "' (" + options.path + ")";
+}
+
+// Allocates every block of the first `size` bytes of fd that is not
+// allocated yet (posix_fallocate keeps existing data), so that no store into
+// the mapping can meet a hole the file system has no room for (SIGBUS).
+// `missing`: the bytes that were not allocated, for the message.
+Status allocate(int fd, const std::string& label, uint64_t size, uint64_t missing) {
+  int err = 0;
+  // Plainly too large: say so without trying, because a file system may
+  // allocate what it can before giving up, filling the disk for a moment.
+  struct statvfs vfs {};
+  if (missing > 0 && ::fstatvfs(fd, &vfs) == 0) {
+    uint64_t blocks = ::geteuid() == 0 ? vfs.f_bfree : vfs.f_bavail;  // root may use reserved ones
+    if (static_cast<uint64_t>(blocks) * vfs.f_frsize < missing) err = ENOSPC;
+  }
+  while (err == 0) {
+    err = ::posix_fallocate(fd, 0, static_cast<off_t>(size));
+    if (err != EINTR) break;
+    err = 0;
+  }
+  if (err == 0) return Status::Ok();
+  std::string what =
+      label + ": cannot allocate " + std::to_string(missing) + " bytes: " + errno_text(err);
+  if (err == ENOSPC || err == EDQUOT) {
+    what += "; free space or lower size";
+  } else if (err == EFBIG) {
+    what += "; the file system does not allow a file this large: lower size";
+  }
+  return Status(errc_for(err), what);
+}
+
+Status check_page_multiple(const std::string& label, uint64_t size, const char* what) {
   if (size % kPageSize != 0) {
-    return Status(Errc::kInvalidArgument, std::string(what) + " of volume " + path + " is " +
+    return Status(Errc::kInvalidArgument, std::string(what) + " of " + label + " is " +
                                               std::to_string(size) + " bytes, not a multiple of " +
                                               std::to_string(kPageSize) +
                                               "; volumes are whole 4 KiB pages (e.g. 64MiB)");
@@ -103,6 +140,7 @@ std::string_view backing_name(Backing backing) {
 }
 
 Region::~Region() {
+  fault_registration_.reset();  // before the addresses can be reused
   if (data_ != nullptr && pmem_unmap(data_, mapped_len_) != 0) {
     spdlog::warn("region: unmapping {} failed: {}", path_, errno_text(errno));
   }
@@ -114,74 +152,74 @@ Result<std::unique_ptr<Region>> Region::open(const OpenOptions& options) {
     return Status(Errc::kInvalidArgument,
                   "volume path is empty; give a file path or a devdax device such as /dev/dax0.0");
   }
-  PMIRROR_RETURN_IF_ERROR(check_page_multiple(path, options.size, "requested size"));
-
   // Mapped below; owning from the start so every error path unmaps.
   std::unique_ptr<Region> region(new Region());
   region->path_ = path;
+  region->label_ = make_label(options);
+  const std::string& label = region->label_;
+  PMIRROR_RETURN_IF_ERROR(check_page_multiple(label, options.size, "requested size"));
 
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     int err = errno;
     if (err == EACCES) {
-      return Status(Errc::kPermissionDenied, "cannot look up volume " + path + ": " +
-                                                 errno_text(err) + "; " + permission_hint(path));
+      return Status(Errc::kPermissionDenied, "cannot look up " + label + ": " + errno_text(err) +
+                                                 "; " + permission_hint(path));
     }
     if (err == ENOTDIR) {
-      return Status(Errc::kNotFound, "cannot look up volume " + path +
-                                         ": a component of the path is not a directory");
+      return Status(Errc::kNotFound,
+                    "cannot look up " + label + ": a component of the path is not a directory");
     }
-    if (err != ENOENT) return errno_status(Errc::kIoError, "cannot look up volume " + path, err);
+    if (err != ENOENT) return errno_status(Errc::kIoError, "cannot look up " + label, err);
 
     std::string parent = parent_dir(path);
     struct stat pst {};
     if (::stat(parent.c_str(), &pst) != 0 || !S_ISDIR(pst.st_mode)) {
-      return Status(Errc::kNotFound, "directory " + parent + " for volume " + path +
+      return Status(Errc::kNotFound, "directory " + parent + " for " + label +
                                          " does not exist; create it first (mkdir -p " + parent +
                                          ")");
     }
     if (!options.create) {
       return Status(Errc::kNotFound,
-                    "volume " + path +
+                    label +
                         " does not exist; use create: true with a size, or create it with "
                         "`truncate -s <size> " +
                         path + "` (or point path at a devdax device such as /dev/dax0.0)");
     }
     if (options.size == 0) {
-      return Status(Errc::kInvalidArgument, "cannot create volume " + path +
-                                                " with size 0; give a size (e.g. size: 64MiB)");
+      return Status(Errc::kInvalidArgument,
+                    "cannot create " + label + " with size 0; give a size (e.g. size: 64MiB)");
     }
-    // Sparse: creating a large volume must not write (or reserve) every block.
-    size_t mapped_len = 0;
-    int is_pmem = 0;
-    void* addr = pmem_map_file(path.c_str(), options.size,
-                               PMEM_FILE_CREATE | PMEM_FILE_EXCL | PMEM_FILE_SPARSE, 0600,
-                               &mapped_len, &is_pmem);
-    if (addr == nullptr) {
+    // Created, then allocated in full, then mapped like an existing file.
+    // O_EXCL: never take over a file another process created meanwhile.
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
       int err = errno;
-      std::string what = "cannot create volume " + path + " (" + std::to_string(options.size) +
-                         " bytes): " + pmem_reason(err);
+      std::string what = "cannot create " + label + ": " + errno_text(err);
       if (errc_for(err) == Errc::kPermissionDenied) what += "; " + permission_hint(path);
       if (err == EEXIST) what += "; another process created it at the same time";
       return Status(errc_for(err), what);
     }
-    region->data_ = static_cast<std::byte*>(addr);
-    region->mapped_len_ = mapped_len;
-    region->size_ = options.size;
-    region->is_pmem_ = is_pmem != 0;
-    region->backing_ = region->is_pmem_ ? Backing::kFsdaxFile : Backing::kPlainFile;
-    return region;
+    Status allocated = allocate(fd, label, options.size, options.size);
+    ::close(fd);
+    if (!allocated.ok()) {
+      ::unlink(path.c_str());  // ours (O_EXCL): leave nothing half-made behind
+      return allocated;
+    }
+    auto mapped = map(std::move(region), options.size, /*devdax=*/false, options.size);
+    if (!mapped.ok()) ::unlink(path.c_str());
+    return mapped;
   }
 
   if (S_ISDIR(st.st_mode)) {
     return Status(Errc::kInvalidArgument,
-                  "volume path " + path + " is a directory; give a file inside it (e.g. " + path +
+                  label + ": the path is a directory; give a file inside it (e.g. " + path +
                       "/volume.img) or a devdax device such as /dev/dax0.0");
   }
   if (S_ISBLK(st.st_mode)) {
     return Status(Errc::kInvalidArgument,
-                  "volume path " + path +
-                      " is a block device; pmirror maps a devdax character device "
+                  label +
+                      ": the path is a block device; pmirror maps a devdax character device "
                       "(/dev/daxX.Y, see `ndctl create-namespace -m devdax`) or a file on a "
                       "DAX-mounted filesystem (mount -o dax)");
   }
@@ -191,42 +229,62 @@ Result<std::unique_ptr<Region>> Region::open(const OpenOptions& options) {
     std::string subsystem;
     if (!is_devdax(st, &subsystem)) {
       return Status(Errc::kInvalidArgument,
-                    "volume path " + path + " is a character device that is not devdax (its " +
+                    label + ": the path is a character device that is not devdax (its " +
                         "sysfs subsystem is " + subsystem +
                         "); use /dev/daxX.Y, a file on a DAX filesystem, or a plain file");
     }
     devdax = true;
   } else if (!S_ISREG(st.st_mode)) {
     return Status(Errc::kInvalidArgument,
-                  "volume path " + path +
-                      " is not a regular file or devdax device (a FIFO or socket?); "
+                  label +
+                      ": the path is not a regular file or devdax device (a FIFO or socket?); "
                       "give a file or /dev/daxX.Y");
   } else {
     uint64_t file_size = static_cast<uint64_t>(st.st_size);
     if (file_size == 0) {
-      return Status(Errc::kInvalidArgument,
-                    "volume file " + path +
-                        " is empty (0 bytes), not a volume; an existing file is never resized: "
-                        "remove it and use create: true with a size, or `truncate -s <size> " +
-                        path + "`");
+      return Status(
+          Errc::kInvalidArgument,
+          label +
+              ": the file is empty (0 bytes), not a volume; an existing file is never resized: "
+              "remove it and use create: true with a size, or `truncate -s <size> " +
+              path + "`");
     }
     if (options.size != 0 && options.size != file_size) {
       return Status(Errc::kInvalidArgument,
-                    "volume file " + path + " is " + std::to_string(file_size) +
+                    label + ": the file is " + std::to_string(file_size) +
                         " bytes but the configured size is " + std::to_string(options.size) +
                         " bytes; existing files are never resized: fix size: or use another "
                         "path");
     }
-    PMIRROR_RETURN_IF_ERROR(check_page_multiple(path, file_size, "file size"));
+    PMIRROR_RETURN_IF_ERROR(check_page_multiple(label, file_size, "file size"));
+    // Holes (a file made with `truncate -s`, or by an older pmirror, which
+    // created volumes sparse) are allocated now; data is kept.
+    int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+      int err = errno;
+      std::string what = "cannot open " + label + ": " + errno_text(err);
+      if (errc_for(err) == Errc::kPermissionDenied) what += "; " + permission_hint(path);
+      return Status(errc_for(err), what);
+    }
+    uint64_t allocated = static_cast<uint64_t>(st.st_blocks) * 512;
+    Status holes =
+        allocate(fd, label, file_size, file_size > allocated ? file_size - allocated : 0);
+    ::close(fd);
+    PMIRROR_RETURN_IF_ERROR(holes);
   }
+  return map(std::move(region), options.size, devdax, static_cast<uint64_t>(st.st_size));
+}
 
+Result<std::unique_ptr<Region>> Region::map(std::unique_ptr<Region> region, uint64_t size,
+                                            bool devdax, uint64_t file_size) {
+  const std::string& path = region->path_;
   // Length 0, no flags: map the whole file / device as it is.
   size_t mapped_len = 0;
   int is_pmem = 0;
   void* addr = pmem_map_file(path.c_str(), 0, 0, 0, &mapped_len, &is_pmem);
   if (addr == nullptr) {
     int err = errno;
-    std::string what = "cannot map volume " + path + ": " + pmem_reason(err);
+    std::string what = "cannot map " + region->label_ + ": " + pmem_reason(err);
     if (errc_for(err) == Errc::kPermissionDenied) what += "; " + permission_hint(path);
     return Status(errc_for(err), what);
   }
@@ -237,57 +295,96 @@ Result<std::unique_ptr<Region>> Region::open(const OpenOptions& options) {
 
   if (devdax) {
     region->backing_ = Backing::kDevdax;
-    if (options.size > mapped_len) {
+    if (size > mapped_len) {
       return Status(Errc::kInvalidArgument,
                     "devdax device " + path + " is " + std::to_string(mapped_len) +
-                        " bytes, smaller than the configured size " + std::to_string(options.size) +
+                        " bytes, smaller than the configured size " + std::to_string(size) +
                         " bytes; lower size: or use 0");
     }
     // A volume may use the first `size` bytes of a larger device.
-    if (options.size != 0) region->size_ = options.size;
+    if (size != 0) region->size_ = size;
   } else {
     region->backing_ = region->is_pmem_ ? Backing::kFsdaxFile : Backing::kPlainFile;
-    if (mapped_len != static_cast<uint64_t>(st.st_size)) {
-      return Status(Errc::kIoError, "volume file " + path + " changed size while being opened (" +
-                                        std::to_string(st.st_size) + " -> " +
+    if (mapped_len != file_size) {
+      return Status(Errc::kIoError, region->label_ +
+                                        ": the file changed size while being opened (" +
+                                        std::to_string(file_size) + " -> " +
                                         std::to_string(mapped_len) + " bytes)");
     }
   }
+  // A fault inside the mapping (SIGBUS caught by a guard in pmirrord) fails
+  // this region; ~Region withdraws the registration before unmapping.
+  const Region* self = region.get();
+  region->fault_registration_ =
+      fault::register_mapping(region->data_, region->mapped_len_, region->label_,
+                              [self](const Status& why) { self->fail(why); });
   return region;
+}
+
+Status Region::failure() const {
+  if (!failed()) return Status::Ok();
+  std::lock_guard lock(failure_mutex_);
+  return failure_;
+}
+
+void Region::fail(const Status& why) const {
+  {
+    std::lock_guard lock(failure_mutex_);
+    if (!failure_.ok()) return;
+    failure_ = Status(why.code() == Errc::kOk ? Errc::kIoError : why.code(), why.message());
+    failed_.store(true, std::memory_order_release);
+  }
+  // Once: later persists only return it.
+  std::string detail = why.message();
+  if (detail.rfind(label_ + ": ", 0) == 0) detail.erase(0, label_.size() + 2);
+  spdlog::error("{} failed: {}; every persist on it fails from now on, until it is reopened",
+                label_, detail);
 }
 
 Status Region::persist(uint64_t offset, uint64_t len) const {
   // Written so that offset + len cannot overflow.
   if (offset > size_ || len > size_ - offset) {
     return Status(Errc::kInvalidArgument, "persist range [" + std::to_string(offset) + ", +" +
-                                              std::to_string(len) + ") is outside volume " + path_ +
+                                              std::to_string(len) + ") is outside " + label_ +
                                               " (" + std::to_string(size_) + " bytes)");
   }
+  if (failed()) {
+    Status first = failure();
+    return Status(first.code(), label_ + " failed earlier and stays failed until it is reopened: " +
+                                    first.message());
+  }
   if (len == 0) return Status::Ok();
-  std::byte* addr = data_ + offset;
+  return persist_mapped(data_ + offset, offset, len);
+}
+
+Status Region::persist_mapped(std::byte* addr, uint64_t offset, uint64_t len) const {
   if (is_pmem_) {
-    pmem_persist(addr, len);
+    // A cache flush of a poisoned line or of a page the file lost faults.
+    auto fault = fault::guarded(addr, len, [&] { pmem_persist(addr, len); });
+    if (fault) return fault::report(*fault);  // fails this region, too
     return Status::Ok();
   }
   // pmem_msync rounds addr down to a page boundary itself, as msync needs.
   if (pmem_msync(addr, len) != 0) {
-    return errno_status(Errc::kIoError,
-                        "msync of volume " + path_ + " [" + std::to_string(offset) + ", +" +
-                            std::to_string(len) + ") failed; the data may not be durable",
-                        errno);
+    int err = errno;
+    Status failed(Errc::kIoError, label_ + ": msync of [" + std::to_string(offset) + ", +" +
+                                      std::to_string(len) + ") failed: " + errno_text(err) +
+                                      " (errno " + std::to_string(err) +
+                                      "); the data may not be durable");
+    fail(failed);
+    return failed;
   }
   return Status::Ok();
 }
 
-void Region::persist_range(const void* addr, size_t len) const {
+Status Region::persist_range(const void* addr, size_t len) const {
   auto begin = reinterpret_cast<uintptr_t>(addr);
   auto base = reinterpret_cast<uintptr_t>(data_);
   if (begin < base) {
-    spdlog::error("region {}: persist_range called with an address below the mapping", path_);
-    return;
+    return Status(Errc::kInvalidArgument,
+                  "persist of an address below the mapping of " + label_ + " (a caller bug)");
   }
-  Status status = persist(begin - base, len);
-  if (!status.ok()) spdlog::error("region: {}", status.to_string());
+  return persist(begin - base, len);
 }
 
 }  // namespace pmirror::region

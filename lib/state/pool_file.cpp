@@ -2,11 +2,13 @@
 
 #include <fcntl.h>
 #include <libpmemobj.h>
+#include <systemd/sd-id128.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <random>
 #include <string_view>
 
 namespace pmirror::state {
@@ -40,6 +42,30 @@ Status precheck_pool_file(const std::string& path, const struct stat& st,
     return Status(Errc::kInvalidArgument, not_pool + " (no PMEMOBJ signature)" + names.what_to_do);
   }
   return Status::Ok();
+}
+
+std::string read_name(const char* field, size_t field_size) {
+  return std::string(field, strnlen(field, field_size));
+}
+
+std::string pmemobj_reason(int err) {
+  const char* msg = pmemobj_errormsg();
+  if (msg != nullptr && *msg != '\0') return msg;
+  return std::strerror(err);
+}
+
+std::array<uint8_t, 16> random_uuid() {
+  sd_id128_t id;
+  std::array<uint8_t, 16> uuid{};
+  if (sd_id128_randomize(&id) == 0) {
+    std::memcpy(uuid.data(), id.bytes, uuid.size());
+    return uuid;  // already version 4, RFC 4122 variant
+  }
+  std::random_device rd;  // no kernel random source: never seen, but not fatal
+  for (auto& b : uuid) b = static_cast<uint8_t>(rd());
+  uuid[6] = static_cast<uint8_t>((uuid[6] & 0x0f) | 0x40);  // version 4
+  uuid[8] = static_cast<uint8_t>((uuid[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  return uuid;
 }
 
 }  // namespace pmirror::state

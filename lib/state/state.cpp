@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <libpmemobj.h>
 #include <spdlog/spdlog.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,7 +10,6 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
-#include <random>
 #include <string_view>
 
 #include "state/pool_file.h"
@@ -47,26 +45,6 @@ uint64_t now_unix_ns() {
   return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-Uuid random_uuid() {
-  Uuid uuid{};
-  size_t filled = 0;
-  while (filled < uuid.size()) {
-    ssize_t n = ::getrandom(uuid.data() + filled, uuid.size() - filled, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      break;  // no getrandom: fall back below
-    }
-    filled += static_cast<size_t>(n);
-  }
-  if (filled < uuid.size()) {
-    std::random_device rd;
-    for (auto& b : uuid) b = static_cast<uint8_t>(rd());
-  }
-  uuid[6] = static_cast<uint8_t>((uuid[6] & 0x0f) | 0x40);  // version 4
-  uuid[8] = static_cast<uint8_t>((uuid[8] & 0x3f) | 0x80);  // RFC 4122 variant
-  return uuid;
-}
-
 Status check_name(std::string_view what, const std::string& name, size_t max, bool allow_empty) {
   if (name.empty() && !allow_empty) {
     return Status(Errc::kInvalidArgument, std::string(what) + " must not be empty");
@@ -88,10 +66,6 @@ void copy_name(char* field, size_t field_size, const std::string& value) {
   std::memcpy(field, value.data(), std::min(value.size(), field_size - 1));
 }
 
-std::string read_name(const char* field, size_t field_size) {
-  return std::string(field, strnlen(field, field_size));
-}
-
 VolumeState to_state(const Slot& slot) {
   VolumeState state;
   state.name = read_name(slot.name, sizeof(slot.name));
@@ -103,43 +77,6 @@ VolumeState to_state(const Slot& slot) {
   state.updated_unix_ns = slot.updated_unix_ns;
   return state;
 }
-
-std::string pmemobj_reason(int err) {
-  const char* msg = pmemobj_errormsg();
-  if (msg != nullptr && *msg != '\0') return msg;
-  return std::strerror(err);
-}
-
-// Runs `fn` as one libpmemobj transaction through the C API. With a null
-// jmp_buf libpmemobj never longjmps (which would skip C++ destructors);
-// failures come back as return values instead. `fn` snapshots every range
-// it changes with pmemobj_tx_add_range_direct first and returns 0, or an
-// errno to abort (a failed add_range has already aborted the transaction).
-template <typename Fn>
-Status run_tx(PMEMobjpool* pop, const std::string& what, Fn&& fn) {
-  if (pmemobj_tx_begin(pop, nullptr, TX_PARAM_NONE) != 0) {
-    int err = errno;
-    std::string reason = pmemobj_reason(err);
-    pmemobj_tx_end();  // required even when begin failed
-    return Status(Errc::kIoError, what + ": cannot start a transaction: " + reason);
-  }
-  int err = fn();
-  if (pmemobj_tx_stage() == TX_STAGE_WORK) {
-    if (err == 0) {
-      pmemobj_tx_commit();
-    } else {
-      pmemobj_tx_abort(err);
-    }
-  }
-  int rc = pmemobj_tx_end();
-  if (rc != 0) {
-    return Status(rc == ENOMEM ? Errc::kResourceExhausted : Errc::kIoError,
-                  what + ": transaction aborted, nothing changed: " + pmemobj_reason(rc));
-  }
-  return Status::Ok();
-}
-
-int snapshot(void* addr, size_t len) { return pmemobj_tx_add_range_direct(addr, len); }
 
 std::string parent_dir(const std::string& path) {
   auto slash = path.find_last_of('/');

@@ -332,7 +332,7 @@ class CrashTest : public ::testing::Test {
     initiator::ReplicaSpec replica;
     replica.address = kTargetNode;
     replica.port = target_->port();
-    replica.transport = transport::Kind::kFake;
+    replica.transport = "fake";  // resolves: the test installed a FakeFabric
     replica.secret = kSecret;
     replica.node = kTargetNode;
     o.replicas = {replica};

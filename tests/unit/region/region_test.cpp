@@ -1,11 +1,15 @@
 #include "region/region.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +17,21 @@
 #include <limits>
 #include <string>
 #include <vector>
+
+// Write-back errors on demand: Region persists a plain file with
+// pmem_msync, which this definition interposes (the executable's symbol
+// wins over libpmem's). 0: the real one.
+std::atomic<int> g_msync_errno{0};
+
+extern "C" int pmem_msync(const void* addr, size_t len) {
+  if (int err = g_msync_errno.load(); err != 0) {
+    errno = err;
+    return -1;
+  }
+  using Fn = int (*)(const void*, size_t);
+  static Fn real = reinterpret_cast<Fn>(::dlsym(RTLD_NEXT, "pmem_msync"));
+  return real(addr, len);
+}
 
 namespace pmirror::region {
 namespace {
@@ -43,7 +62,7 @@ class RegionTest : public ::testing::Test {
   fs::path dir_;
 };
 
-TEST_F(RegionTest, CreateMakesSparseFileOfRequestedSize) {
+TEST_F(RegionTest, CreateMakesAFullyAllocatedFileOfRequestedSize) {
   auto r = Region::open({.path = path("vol"), .size = 64 * kMiB, .create = true});
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   Region& region = **r;
@@ -54,8 +73,9 @@ TEST_F(RegionTest, CreateMakesSparseFileOfRequestedSize) {
   struct stat st {};
   ASSERT_EQ(::stat(path("vol").c_str(), &st), 0);
   EXPECT_EQ(static_cast<uint64_t>(st.st_size), 64 * kMiB);
-  // Sparse: nowhere near 64 MiB of blocks allocated.
-  EXPECT_LT(static_cast<uint64_t>(st.st_blocks) * 512, 8 * kMiB);
+  // Every block allocated: a store can never meet a hole the file system
+  // has no room for (SIGBUS).
+  EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, 64 * kMiB);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
 }
 
@@ -263,7 +283,147 @@ TEST_F(RegionTest, PersistChecksBounds) {
   EXPECT_EQ(region.persist(std::numeric_limits<uint64_t>::max(), 2).code(), Errc::kInvalidArgument);
   EXPECT_EQ(region.persist(1, std::numeric_limits<uint64_t>::max()).code(), Errc::kInvalidArgument);
 
-  region.persist_range(region.data() + 4097, 3);  // must not crash; unaligned pointer
+  EXPECT_TRUE(region.persist_range(region.data() + 4097, 3).ok());  // unaligned pointer
+  EXPECT_EQ(region.persist_range(region.data() - 1, 1).code(), Errc::kInvalidArgument);
+  EXPECT_FALSE(region.failed()) << "a caller's bad range is not the volume's failure";
+}
+
+TEST_F(RegionTest, OpenAllocatesTheHolesOfASparseFileAndKeepsItsData) {
+  {
+    std::ofstream out(path("sparse"), std::ios::binary);
+    out.seekp(static_cast<std::streamoff>(3 * kMiB + 5));
+    out.write("tail", 4);
+    out.seekp(4096);
+    out.write("head", 4);
+  }
+  ASSERT_EQ(::truncate(path("sparse").c_str(), 4 * kMiB), 0);
+  struct stat before {};
+  ASSERT_EQ(::stat(path("sparse").c_str(), &before), 0);
+  ASSERT_LT(static_cast<uint64_t>(before.st_blocks) * 512, kMiB) << "the file is not sparse";
+
+  auto r = Region::open({.path = path("sparse")});
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  struct stat after {};
+  ASSERT_EQ(::stat(path("sparse").c_str(), &after), 0);
+  EXPECT_GE(static_cast<uint64_t>(after.st_blocks) * 512, 4 * kMiB);
+  EXPECT_EQ(static_cast<uint64_t>(after.st_size), 4 * kMiB);
+  EXPECT_EQ(std::memcmp((*r)->data() + 4096, "head", 4), 0);
+  EXPECT_EQ(std::memcmp((*r)->data() + 3 * kMiB + 5, "tail", 4), 0);
+}
+
+// A small tmpfs, mounted for the test (root only).
+class SmallFilesystem {
+ public:
+  SmallFilesystem(const std::string& dir, const std::string& size) : dir_(dir) {
+    fs::create_directories(dir);
+    if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, ("size=" + size).c_str()) == 0) {
+      mounted_ = true;
+    } else {
+      error_ = std::strerror(errno);
+    }
+  }
+  ~SmallFilesystem() {
+    if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
+  }
+  bool mounted() const { return mounted_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string dir_;
+  bool mounted_ = false;
+  std::string error_;
+};
+
+TEST_F(RegionTest, AVolumeLargerThanTheFreeSpaceIsAnErrorAtCreateAndAtOpen) {
+  SmallFilesystem small(path("small"), "2m");
+  if (!small.mounted()) GTEST_SKIP() << "cannot mount a tmpfs (needs root): " << small.error();
+  std::string vol = path("small") + "/vol";
+  auto created = Region::open({.path = vol, .size = 16 * kMiB, .create = true, .name = "db0"});
+  ASSERT_FALSE(created.ok());
+  EXPECT_EQ(created.status().code(), Errc::kResourceExhausted);
+  EXPECT_EQ(created.status().message(),
+            "volume 'db0' (" + vol +
+                "): cannot allocate 16777216 bytes: No space left on device; free space or lower "
+                "size");
+  EXPECT_FALSE(fs::exists(vol)) << "the file that could not be allocated was left behind";
+
+  // An existing sparse file too large for what is free: its holes cannot be
+  // allocated, so it is refused at open, not faulted on later.
+  ASSERT_EQ(::close(::open(vol.c_str(), O_CREAT | O_WRONLY, 0600)), 0);
+  ASSERT_EQ(::truncate(vol.c_str(), 16 * kMiB), 0);
+  auto opened = Region::open({.path = vol, .size = 16 * kMiB, .name = "db0"});
+  ASSERT_FALSE(opened.ok());
+  EXPECT_EQ(opened.status().code(), Errc::kResourceExhausted);
+  EXPECT_NE(opened.status().message().find("volume 'db0' (" + vol + "): cannot allocate "),
+            std::string::npos)
+      << opened.status().message();
+  EXPECT_NE(opened.status().message().find("No space left on device"), std::string::npos);
+  EXPECT_EQ(fs::file_size(vol), 16 * kMiB) << "an existing file is never resized or removed";
+}
+
+TEST_F(RegionTest, AFailedPersistFailsTheRegionUntilItIsReopened) {
+  auto r = Region::open({.path = path("vol"), .size = kMiB, .create = true, .name = "db0"});
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  Region& region = **r;
+  ASSERT_TRUE(region.persist(0, 4096).ok());
+  EXPECT_FALSE(region.failed());
+
+  g_msync_errno = EIO;
+  Status failed = region.persist(8192, 100);
+  g_msync_errno = 0;
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.code(), Errc::kIoError);
+  EXPECT_EQ(failed.message(), "volume 'db0' (" + path("vol") +
+                                  "): msync of [8192, +100) failed: Input/output error (errno 5); "
+                                  "the data may not be durable");
+  EXPECT_TRUE(region.failed());
+  EXPECT_EQ(region.failure().message(), failed.message());
+
+  // msync works again, but a write-back error is reported once: what it
+  // lost is not reported again, so the region stays failed.
+  Status later = region.persist(0, 4096);
+  EXPECT_EQ(later.code(), Errc::kIoError);
+  EXPECT_NE(later.message().find("failed earlier"), std::string::npos) << later.message();
+  EXPECT_NE(later.message().find("Input/output error"), std::string::npos) << later.message();
+  EXPECT_FALSE(region.persist_range(region.data(), 1).ok());
+
+  // Reopened: a new mapping starts without the failure.
+  r->reset();
+  auto reopened = Region::open({.path = path("vol"), .name = "db0"});
+  ASSERT_TRUE(reopened.ok()) << reopened.status().to_string();
+  EXPECT_FALSE((*reopened)->failed());
+  EXPECT_TRUE((*reopened)->persist(0, 4096).ok());
+}
+
+TEST_F(RegionTest, AFaultInAGuardedAccessIsAnErrorOfThatVolume) {
+  ASSERT_TRUE(fault::install_fault_handler().ok());
+  auto r = Region::open({.path = path("vol"), .size = kMiB, .create = true, .name = "db0"});
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  Region& region = **r;
+  auto* target = reinterpret_cast<volatile char*>(region.data() + 8192 + 7);
+  EXPECT_FALSE(fault::guarded(region.data(), region.size(), [&] { *target = 'x'; }));
+
+  // The backing file loses its pages under the mapping.
+  ASSERT_EQ(::truncate(path("vol").c_str(), 0), 0);
+  auto fault = fault::guarded(region.data(), region.size(), [&] { *target = 'y'; });
+  ASSERT_TRUE(fault.has_value()) << "the store into a truncated file did not fault";
+  EXPECT_EQ(fault->address, reinterpret_cast<uintptr_t>(target));
+  Status reported = fault::report(*fault);
+  EXPECT_EQ(reported.code(), Errc::kIoError);
+  EXPECT_EQ(reported.message(), "volume 'db0' (" + path("vol") +
+                                    "): memory fault at offset 8199 (si_code BUS_ADRERR): the "
+                                    "backing file was truncated or the medium failed");
+  // The volume failed with it.
+  EXPECT_TRUE(region.failed());
+  EXPECT_EQ(region.failure().message(), reported.message());
+  EXPECT_FALSE(region.persist(0, 4096).ok());
+
+  // The thread goes on; guards work again (and nest).
+  auto again = fault::guarded(region.data(), region.size(), [&] {
+    auto inner = fault::guarded(region.data(), region.size(), [&] { *target = 'z'; });
+    EXPECT_TRUE(inner.has_value());
+  });
+  EXPECT_FALSE(again.has_value()) << "the inner guard's fault reached the outer one";
 }
 
 TEST_F(RegionTest, EmptyPathIsRejected) {
