@@ -5,6 +5,7 @@
 #include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -23,11 +24,15 @@
 
 #include "config/config.h"
 #include "config/config_internal.h"
+#include "protocol/protocol.h"
+#include "config/yaml_documents.h"
 
 namespace pmirror::config {
 namespace {
 
-constexpr size_t kMaxNameLength = 64;
+// Names and identities travel in the protocol's Hello (header-only
+// constant: the config library does not link the protocol).
+constexpr size_t kMaxNameLength = protocol::kMaxNameLength;
 constexpr uint64_t kPageSize = 4096;
 // A dirty bit stands for one chunk (metadata::kMinChunk..kMaxChunk).
 constexpr uint64_t kMinChunk = 4096;
@@ -38,9 +43,20 @@ constexpr uint64_t kMinResyncRate = 1ull << 20;
 
 constexpr std::string_view kTopKeys[] = {"cluster", "daemon", "nodes", "volumes"};
 constexpr std::string_view kClusterKeys[] = {"name"};
-constexpr std::string_view kDaemonKeys[] = {
-    "control_socket",     "log_level",         "metrics",           "state_pool",
-    "heartbeat_interval", "heartbeat_timeout", "reconnect_initial", "reconnect_max"};
+constexpr std::string_view kDaemonKeys[] = {"control_socket",
+                                            "log_level",
+                                            "metrics",
+                                            "state_pool",
+                                            "heartbeat_interval",
+                                            "heartbeat_timeout",
+                                            "reconnect_initial",
+                                            "reconnect_max",
+                                            "handshake_timeout",
+                                            "max_unauthenticated",
+                                            "max_unauthenticated_per_source"};
+// Unauthenticated connections a daemon may be told to keep: each costs a
+// socket (a file descriptor), so beyond this the limit means nothing.
+constexpr uint64_t kMaxUnauthenticatedLimit = 65536;
 constexpr std::string_view kNodeKeys[] = {"name",           "address",   "port",
                                           "transport",      "listen",    "state_pool",
                                           "control_socket", "log_level", "metrics"};
@@ -60,9 +76,15 @@ std::string join(std::span<const std::string_view> words) {
   return out;
 }
 
+// For messages: the first 20 names, then how many more. Every problem of a
+// file may name the nodes, so 10000 nodes must not make each message huge.
 std::string join(const std::vector<std::string>& words) {
-  std::vector<std::string_view> views(words.begin(), words.end());
-  return join(std::span<const std::string_view>(views));
+  constexpr size_t kShown = 20;
+  std::vector<std::string_view> views(words.begin(),
+                                      words.begin() + std::min(words.size(), kShown));
+  std::string out = join(std::span<const std::string_view>(views));
+  if (words.size() > kShown) out += ", ... (" + std::to_string(words.size()) + " in all)";
+  return out;
 }
 
 std::vector<std::string> node_names(const ClusterConfig& cluster) {
@@ -112,7 +134,9 @@ std::string check_name(std::string_view name) {
   if (name.empty()) return "must not be empty";
   if (name.size() > kMaxNameLength) {
     return "'" + std::string(name) + "' is " + std::to_string(name.size()) +
-           " characters; at most " + std::to_string(kMaxNameLength) + " are allowed";
+           " characters; at most " + std::to_string(kMaxNameLength) +
+           " are allowed (the protocol carries names and identities of at most " +
+           std::to_string(kMaxNameLength) + " bytes)";
   }
   for (char c : name) {
     bool good = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
@@ -175,7 +199,21 @@ void sort_problems(std::vector<Problem>& problems) {
   });
 }
 
-Status problems_status(const std::vector<Problem>& problems) {
+// The first kMaxReportedProblems of `problems` (sorted), then one line
+// counting the rest: a file with thousands of mistakes (an alias used
+// 100000 times) must not bury the first ones.
+void cap_problems(std::vector<Problem>& problems) {
+  if (problems.size() <= kMaxReportedProblems) return;
+  size_t more = problems.size() - kMaxReportedProblems;
+  problems.resize(kMaxReportedProblems);
+  problems.push_back({INT_MAX, 0,
+                      "... and " + std::to_string(more) + " more problem" + (more == 1 ? "" : "s") +
+                          " (" + std::to_string(kMaxReportedProblems + more) +
+                          " in all); fix these and check again"});
+}
+
+Status problems_status(std::vector<Problem> problems) {
+  cap_problems(problems);
   std::string message;
   for (const auto& p : problems) {
     if (!message.empty()) message += '\n';
@@ -196,7 +234,17 @@ class Parser {
     return source_ + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
   }
 
-  void error(const YAML::Mark& mark, const std::string& context, const std::string& problem) {
+  void error(const YAML::Mark& given, const std::string& context, const std::string& problem) {
+    // yaml-cpp's mark of an alias is its anchor's, and that of an empty
+    // sequence item the next token's (maybe past the end of the file): use
+    // where the node really is (scan_document), and never a line the file
+    // does not have.
+    YAML::Mark mark = given;
+    if (auto fix = fixes_.find(context);
+        fix != fixes_.end() && same_mark(fix->second.given, mark)) {
+      mark = fix->second.actual;
+    }
+    if (text_ != nullptr) mark = clamp_mark(*text_, mark);
     std::string line = where(mark) + ": ";
     if (!context.empty()) line += context + ": ";
     line += problem;
@@ -423,6 +471,7 @@ class Parser {
                     std::to_string(sizeof(sockaddr_un{}.sun_path) - 1));
         } else {
           settings.control_socket = *v;
+          settings.control_socket_origin = {where(e->value_mark()), key_context};
         }
       }
     }
@@ -430,7 +479,10 @@ class Parser {
       if (auto v = one_of(*e, context + "log_level", kLogLevels)) settings.log_level = *v;
     }
     if (auto* e = find(keys, "state_pool")) {
-      if (auto v = absolute_path(*e, context + "state_pool")) settings.state_pool = *v;
+      if (auto v = absolute_path(*e, context + "state_pool")) {
+        settings.state_pool = *v;
+        settings.state_pool_origin = {where(e->value_mark()), context + "state_pool"};
+      }
     }
     if (auto* e = find(keys, "metrics")) {
       if (auto v = scalar(*e, context + "metrics", "HOST:PORT or off")) {
@@ -469,6 +521,37 @@ class Parser {
     read("heartbeat_timeout", settings.heartbeat_timeout, marks.heartbeat_timeout);
     read("reconnect_initial", settings.reconnect_initial, marks.reconnect_initial);
     read("reconnect_max", settings.reconnect_max, marks.reconnect_max);
+    std::optional<YAML::Mark> handshake_mark;
+    read("handshake_timeout", settings.handshake_timeout, handshake_mark);
+    std::optional<YAML::Mark> total_mark, per_source_mark;
+    const std::string range =
+        "a number of connections 1.." + std::to_string(kMaxUnauthenticatedLimit);
+    if (auto* e = find(keys, "max_unauthenticated")) {
+      if (auto v = integer(*e, "daemon.max_unauthenticated", 1, kMaxUnauthenticatedLimit, range)) {
+        settings.max_unauthenticated = static_cast<uint32_t>(*v);
+        total_mark = e->value_mark();
+      }
+    }
+    if (auto* e = find(keys, "max_unauthenticated_per_source")) {
+      if (auto v = integer(*e, "daemon.max_unauthenticated_per_source", 1, kMaxUnauthenticatedLimit,
+                           range)) {
+        settings.max_unauthenticated_per_source = static_cast<uint32_t>(*v);
+        per_source_mark = e->value_mark();
+      }
+    }
+    if (!per_source_mark &&
+        settings.max_unauthenticated_per_source > settings.max_unauthenticated) {
+      // Only the total given, below the default per-source cap: that cap is the total.
+      settings.max_unauthenticated_per_source = settings.max_unauthenticated;
+    }
+    if (settings.max_unauthenticated_per_source > settings.max_unauthenticated) {
+      auto mark = per_source_mark ? *per_source_mark : total_mark.value_or(entry.key.Mark());
+      error(mark, "daemon.max_unauthenticated_per_source",
+            "max_unauthenticated_per_source (" +
+                std::to_string(settings.max_unauthenticated_per_source) +
+                ") must not exceed max_unauthenticated (" +
+                std::to_string(settings.max_unauthenticated) + ")");
+    }
     auto ms = [](std::chrono::milliseconds d) { return std::to_string(d.count()) + "ms"; };
     if (settings.heartbeat_timeout <= settings.heartbeat_interval) {
       auto mark = marks.heartbeat_timeout ? *marks.heartbeat_timeout
@@ -506,6 +589,7 @@ class Parser {
     auto keys = entries(item, context, kNodeKeys);
     NodeConfig node;
     node.daemon = config.daemon;
+    node.origin = {where(item.Mark()), context};
     bool named = false;
     if (auto* e = find(keys, "name"); e == nullptr) {
       error(item.Mark(), context, "missing required key 'name'");
@@ -524,13 +608,12 @@ class Parser {
             "missing required key 'address' (the IP or host name peers reach this node at)");
     } else if (auto v = string(*address_entry, context + ".address")) {
       in6_addr ignored{};
-      if (v->find_first_of(" \t/") != std::string::npos) {
-        error(address_entry->value_mark(), context + ".address",
-              "'" + *v + "' is not an IP address or host name");
-      } else if (v->find(':') != std::string::npos &&
-                 ::inet_pton(AF_INET6, v->c_str(), &ignored) != 1) {
+      if (v->find(':') != std::string::npos && v->find_first_of(" \t/") == std::string::npos &&
+          ::inet_pton(AF_INET6, v->c_str(), &ignored) != 1) {
         error(address_entry->value_mark(), context + ".address",
               "'" + *v + "' is not an address; write the port under 'port', not after a ':'");
+      } else if (std::string problem = check_host(*v); !problem.empty()) {
+        error(address_entry->value_mark(), context + ".address", problem);
       } else {
         node.address = *v;
       }
@@ -539,15 +622,25 @@ class Parser {
       if (auto v = port(*e, context + ".port")) node.port = *v;
     }
     if (auto* e = find(keys, "transport")) {
-      constexpr std::string_view kKinds[] = {"tcp", "rdma"};
-      // Parsed here rather than with transport::parse_kind so that config
-      // does not pull in the transport library (and libibverbs) to link.
-      if (auto v = one_of(*e, context + ".transport", kKinds)) {
-        node.transport = *v == "rdma" ? transport::Kind::kRdma : transport::Kind::kTcp;
+      const std::string expected = "one of " + transport::configurable_kind_names();
+      if (auto v = scalar(*e, context + ".transport", expected.c_str())) {
+        // transport/kind.h: also refuses a kind this build left out.
+        auto kind = transport::parse_kind(*v);
+        if (kind.ok()) {
+          node.transport = *kind;
+        } else {
+          error(e->value_mark(), context + ".transport", kind.status().message());
+        }
       }
     }
     if (auto* e = find(keys, "listen")) {
-      if (auto v = string(*e, context + ".listen")) node.listen = *v;
+      if (auto v = string(*e, context + ".listen")) {
+        if (std::string problem = check_host(*v); !problem.empty()) {
+          error(e->value_mark(), context + ".listen", problem);
+        } else {
+          node.listen = *v;
+        }
+      }
     }
     parse_daemon_overrides(keys, context + ".", node.daemon);
     if (node.listen.empty()) node.listen = node.address;
@@ -610,6 +703,13 @@ class Parser {
     }
   }
 
+  // The node names for messages, joined once (volumes come after nodes):
+  // thousands of mistakes must not each copy them.
+  const std::string& known_nodes(const ClusterConfig& config) {
+    if (known_nodes_.empty()) known_nodes_ = join(node_names(config));
+    return known_nodes_;
+  }
+
   // Where each (node, path) was first used, across volumes.
   using PathSeen = std::map<std::pair<std::string, std::string>, std::string>;
 
@@ -627,9 +727,10 @@ class Parser {
     };
     auto is_node = [&](const std::string& name) { return config.find_node(name) != nullptr; };
     auto not_a_node = [&](const std::string& name) {
-      return "'" + name + "' is not a node; nodes: " + join(node_names(config));
+      return "'" + name + "' is not a node; nodes: " + known_nodes(config);
     };
     ClusterVolume volume;
+    YAML::Mark size_mark;
 
     if (auto* e = find(keys, "name"); e == nullptr) {
       missing("name", "");
@@ -651,8 +752,15 @@ class Parser {
         error(e->value_mark(), context + ".size",
               "'" + *text + "' is " + std::to_string(*size) + " bytes, not a multiple of " +
                   std::to_string(kPageSize) + " (the page size)");
+      } else if (*size > kMaxVolumeSize) {
+        error(e->value_mark(), context + ".size",
+              "'" + *text + "' is " + std::to_string(*size) + " bytes; a volume holds at most " +
+                  std::to_string(kMaxVolumeSize) +
+                  " (64TiB), so that pmirrord can map it: x86-64 gives a process 128TiB of "
+                  "address space");
       } else {
         volume.size = *size;
+        size_mark = e->value_mark();
       }
     }
 
@@ -898,7 +1006,27 @@ class Parser {
                                                              : SplitBrainPolicy::kRefuse;
       }
     }
+    count_mapped_bytes(volume, size_mark, context + ".size");
     config.volumes.push_back(std::move(volume));
+  }
+
+  // pmirrord maps every copy its node holds at once: their sizes together
+  // must fit as one volume must.
+  void count_mapped_bytes(const ClusterVolume& volume, const YAML::Mark& size_mark,
+                          const std::string& context) {
+    if (volume.size == 0) return;
+    for (const auto& [node, path] : volume.paths) {
+      auto& [bytes, names] = mapped_[node];
+      if (bytes > kMaxVolumeSize) continue;  // reported already
+      bytes += volume.size;                  // both at most kMaxVolumeSize: no wrap
+      names += (names.empty() ? "" : ", ") + volume.name;
+      if (bytes > kMaxVolumeSize) {
+        error(size_mark, context,
+              "node '" + node + "' would hold " + std::to_string(bytes) + " bytes of volumes (" +
+                  names + "); pmirrord maps them all at once, at most " +
+                  std::to_string(kMaxVolumeSize) + " (64TiB) in all");
+      }
+    }
   }
 
   // `metadata: {node: path}` (optional per node) and the default of every
@@ -931,7 +1059,7 @@ class Parser {
           }
           if (config.find_node(node) == nullptr) {
             error(key.Mark(), context + ".metadata",
-                  "'" + node + "' is not a node; nodes: " + join(node_names(config)));
+                  "'" + node + "' is not a node; nodes: " + known_nodes(config));
             continue;
           }
           if (participants_ok &&
@@ -975,6 +1103,7 @@ class Parser {
         continue;
       }
       volume.metadata_paths[node] = path;
+      volume.metadata_at[node] = where(mark);
       files_.push_back({node, normal, path, mark,
                         is_default ? context + ".paths." + node : key_context,
                         "metadata of volume " + volume.name});
@@ -1036,9 +1165,10 @@ class Parser {
   // Fills `config` as far as it can; problems() says what is wrong.
   void parse(const std::string& text, ClusterConfig& config) {
     config.source = source_;
-    std::vector<YAML::Node> documents;
+    text_ = &text;
+    YamlDocuments documents;
     try {
-      documents = YAML::LoadAll(text);
+      documents = load_yaml_documents(text);
     } catch (const YAML::ParserException& e) {
       error(e.mark, "", "YAML syntax error: " + e.msg);
       return;
@@ -1046,19 +1176,27 @@ class Parser {
       error(e.mark, "", std::string("cannot parse YAML: ") + e.what());
       return;
     }
-    if (documents.empty() || documents[0].IsNull()) {
+    if (documents.count == 0 || documents.first.IsNull()) {
       error(YAML::Mark::null_mark(), "",
             "the configuration is empty; see docs/config.md and "
             "config/cluster.example.yaml for a starting point");
       return;
     }
-    if (documents.size() > 1) {
-      error(documents[1].Mark(), "",
-            "found " + std::to_string(documents.size()) +
+    if (documents.count > 1) {
+      error(documents.second, "",
+            "found " + std::to_string(documents.count) +
                 " YAML documents ('---'); the configuration must be a single document");
       return;
     }
-    const YAML::Node& root = documents[0];
+    // Before anything walks the document: an alias bomb is refused here, and
+    // the marks yaml-cpp gets wrong are found.
+    DocumentScan scan = scan_document(text);
+    if (scan.refused_at) {
+      error(*scan.refused_at, "", scan.refused);
+      return;
+    }
+    fixes_ = std::move(scan.fixes);
+    const YAML::Node& root = documents.first;
     if (!root.IsMap()) {
       error(root.Mark(), "",
             std::string("the top level must be a map with 'nodes' and 'volumes' (and optionally "
@@ -1094,8 +1232,13 @@ class Parser {
 
  private:
   std::string source_;
+  const std::string* text_ = nullptr;  // the document, while parse() runs
+  std::unordered_map<std::string, MarkFix> fixes_;
   std::vector<Problem> problems_;
+  // node -> bytes of its volumes and their names, for count_mapped_bytes.
+  std::map<std::string, std::pair<uint64_t, std::string>> mapped_;
   std::map<std::string, YAML::Mark> node_marks_;
+  std::string known_nodes_;                // see known_nodes()
   std::set<std::string> shares_endpoint_;  // nodes with another node's address:port
   // Every file a node keeps a copy in (data and metadata), for
   // check_shared_machines.
@@ -1275,6 +1418,9 @@ Result<DaemonConfig> daemon_config_for(const ClusterConfig& cluster, const std::
   config.heartbeat_timeout = self->daemon.heartbeat_timeout;
   config.reconnect_initial = self->daemon.reconnect_initial;
   config.reconnect_max = self->daemon.reconnect_max;
+  config.handshake_timeout = self->daemon.handshake_timeout;
+  config.max_unauthenticated = self->daemon.max_unauthenticated;
+  config.max_unauthenticated_per_source = self->daemon.max_unauthenticated_per_source;
   std::vector<Problem> problems;
   for (const auto& volume : cluster.volumes) {
     if (!takes_part(volume, node)) continue;
@@ -1294,6 +1440,11 @@ Result<DaemonConfig> daemon_config_for(const ClusterConfig& cluster, const std::
     served.peers = other_nodes(volume, node);
     served.configured_primary = volume.primary == node;
     config.volumes.push_back(std::move(served));
+  }
+  // Only clashes with this node's own files: another daemon on this host
+  // refuses its own.
+  for (auto& text : shared_file_problems(cluster, node, /*only_own=*/true)) {
+    problems.push_back(problem_from_text(cluster.source, std::move(text)));
   }
   if (!problems.empty()) {
     sort_problems(problems);
@@ -1379,7 +1530,16 @@ std::vector<std::string> check_cluster_file(const std::string& path, std::string
       }
     }
   }
+  for (auto& text : shared_file_problems(config, self, /*only_own=*/false)) {
+    problems.push_back(problem_from_text(path, std::move(text)));
+  }
+  if (!self.empty()) {
+    for (auto& text : space_problems(config, self)) {
+      problems.push_back(problem_from_text(path, std::move(text)));
+    }
+  }
   sort_problems(problems);
+  cap_problems(problems);
   std::vector<std::string> out;
   for (auto& p : problems) out.push_back(std::move(p.text));
   return out;

@@ -246,6 +246,61 @@ Result<std::chrono::milliseconds> parse_duration(std::string_view text) {
   return std::chrono::milliseconds(static_cast<int64_t>(number * scale));
 }
 
+std::string check_host(std::string_view host) {
+  const std::string text(host);
+  if (host.empty()) return "the host is empty";
+  if (host.find(':') != std::string_view::npos) {
+    in6_addr ignored{};
+    if (::inet_pton(AF_INET6, text.c_str(), &ignored) == 1) return {};
+    return "'" + text + "' is not an IPv6 address";
+  }
+  // All digits and dots: meant as an IPv4 address, whatever a resolver
+  // would make of it (999.999.1.1 is no host name either).
+  if (host.find_first_not_of("0123456789.") == std::string_view::npos) {
+    in_addr ignored{};
+    if (::inet_pton(AF_INET, text.c_str(), &ignored) == 1) return {};
+    return "'" + text +
+           "' is not an IPv4 address (four numbers 0..255 separated by dots, without leading "
+           "zeros)";
+  }
+  // A DNS host name (RFC 1123): labels of 1..63 letters, digits and '-',
+  // not starting or ending with '-', separated by dots (one trailing dot
+  // allowed); at most 253 characters.
+  std::string_view name = host;
+  if (name.back() == '.') name.remove_suffix(1);
+  if (name.size() > 253) {
+    return "'" + text + "' is " + std::to_string(name.size()) +
+           " characters; a host name has at most 253";
+  }
+  size_t start = 0;
+  while (true) {
+    size_t dot = name.find('.', start);
+    std::string_view label =
+        name.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start);
+    if (label.empty()) return "'" + text + "' is not a host name (an empty label between dots)";
+    if (label.size() > 63) {
+      return "'" + text + "' is not a host name (the label '" + std::string(label) + "' is " +
+             std::to_string(label.size()) + " characters; at most 63)";
+    }
+    for (char c : label) {
+      bool good =
+          (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-';
+      if (!good) {
+        return "'" + text +
+               "' is not an IP address or host name (a host name has only letters, "
+               "digits, '-' and dots)";
+      }
+    }
+    if (label.front() == '-' || label.back() == '-') {
+      return "'" + text + "' is not a host name (the label '" + std::string(label) +
+             "' starts or ends with '-')";
+    }
+    if (dot == std::string_view::npos) break;
+    start = dot + 1;
+  }
+  return {};
+}
+
 Result<HostPort> parse_host_port(std::string_view text) {
   auto invalid = [&](const std::string& why) {
     return Status(Errc::kInvalidArgument, "invalid address '" + std::string(text) + "': " + why);
@@ -275,10 +330,7 @@ Result<HostPort> parse_host_port(std::string_view text) {
     }
   }
   if (host.empty()) return invalid("the host is missing (e.g. 127.0.0.1:9942)");
-  for (char c : host) {
-    if (c == ' ' || c == '/' || c == '\t')
-      return invalid("the host contains '" + std::string(1, c) + "'");
-  }
+  if (std::string problem = check_host(host); !problem.empty()) return invalid(problem);
   uint32_t port = 0;
   auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
   if (port_text.empty() || ec != std::errc() || end != port_text.data() + port_text.size() ||

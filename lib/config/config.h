@@ -42,11 +42,23 @@
 #include <vector>
 
 #include "common/status.h"
-#include "transport/transport.h"
+#include "transport/kind.h"
 
 namespace pmirror::config {
 
 constexpr uint16_t kDefaultPort = 7450;
+
+// The largest volume, and the most one node may hold in all (pmirrord maps
+// every copy of its node at once): half of the 128 TiB (2^47 bytes) of user
+// address space a process has on x86-64, so that the mappings fit beside
+// everything else in the process.
+constexpr uint64_t kMaxVolumeSize = 64ull << 40;
+// Problems listed at most in one report; the rest are counted
+// ("... and N more problems").
+constexpr size_t kMaxReportedProblems = 50;
+// YAML nodes a configuration may have with its aliases expanded; a real
+// cluster file has a few thousand. Bounds the work an alias bomb causes.
+constexpr size_t kMaxDocumentNodes = 100000;
 
 // APM over rdma is only correct where the NIC writes straight into the
 // persistence domain (DDIO off or eADR). auto: promise it when the volume is
@@ -61,6 +73,14 @@ enum class InsufficientPolicy { kFail, kBlock };
 enum class SplitBrainPolicy {
   kRefuse,            // report it, keep both copies, do not sync (default)
   kOverwriteReplica,  // copy the whole volume from the primary over the replica
+};
+
+// Where a value was given in the file, for problems found after parsing
+// (a file shared with another use, ...): "FILE:LINE:COL" and the key path
+// ("nodes[1].state_pool"). Both empty for a default.
+struct Origin {
+  std::string at;
+  std::string key;
 };
 
 // "host:port" (IPv6 as "[::1]:9942").
@@ -83,6 +103,14 @@ struct DaemonSettings {
   std::chrono::milliseconds heartbeat_timeout{5000};
   std::chrono::milliseconds reconnect_initial{200};
   std::chrono::milliseconds reconnect_max{10000};
+  // Where state_pool and control_socket were given (empty: the default).
+  Origin state_pool_origin;
+  Origin control_socket_origin;
+  // Peers not yet authenticated (docs/config.md#daemon): time for each
+  // handshake stage, how many are kept at once (in all, from one address).
+  std::chrono::milliseconds handshake_timeout{5000};
+  uint32_t max_unauthenticated = 64;
+  uint32_t max_unauthenticated_per_source = 16;
 };
 
 struct NodeConfig {
@@ -93,6 +121,7 @@ struct NodeConfig {
   std::string listen;  // address pmirrord binds; defaults to `address`
   // The cluster's daemon settings with this node's overrides applied.
   DaemonSettings daemon;
+  Origin origin;  // the node's entry ("nodes[1]")
 };
 
 struct ClusterVolume {
@@ -121,6 +150,9 @@ struct ClusterVolume {
   // metadata::default_metadata_path (`<path>.pmirror`, or
   // /var/lib/pmirror/<volume>.pmirror for a devdax path, /dev/dax*).
   std::map<std::string, std::string> metadata_paths;
+  // node -> "FILE:LINE:COL" of its `metadata:` entry, or of its data path
+  // (path_at) when the default is used.
+  std::map<std::string, std::string> metadata_at;
 };
 
 struct ClusterConfig {
@@ -168,6 +200,9 @@ struct DaemonConfig {
   std::chrono::milliseconds heartbeat_timeout{5000};
   std::chrono::milliseconds reconnect_initial{200};
   std::chrono::milliseconds reconnect_max{10000};
+  std::chrono::milliseconds handshake_timeout{5000};
+  uint32_t max_unauthenticated = 64;
+  uint32_t max_unauthenticated_per_source = 16;
   // Every volume this node holds a copy of (as a replica or as the
   // configured primary), in file order, with this node's path.
   std::vector<VolumeConfig> volumes;

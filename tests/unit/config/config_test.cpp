@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -462,8 +464,12 @@ struct BadConfig {
   const char* what;
   std::string yaml;
   int line;  // expected line of the (first) error; 0: no position
-  const char* fragment;
+  std::string fragment;
 };
+
+std::string replace_first(std::string text, const std::string& from, const std::string& to) {
+  return text.replace(text.find(from), from.size(), to);
+}
 
 std::vector<BadConfig> bad_configs() {
   const std::string good = with_volume();
@@ -496,7 +502,8 @@ std::vector<BadConfig> bad_configs() {
       // The file as a whole.
       {"empty file", "", 0, "the configuration is empty"},
       {"only comments", "# nothing\n", 0, "the configuration is empty"},
-      {"syntax error", "nodes:\n  - [1, 2\n", 3, "YAML syntax error"},
+      // yaml-cpp says line 3, after the last line: the last line there is.
+      {"syntax error", "nodes:\n  - [1, 2\n", 2, "YAML syntax error"},
       {"tab indentation", "nodes:\n\t- a\n", 2, "YAML syntax error"},
       {"top-level list", "- a\n- b\n", 1, "top level must be a map"},
       {"two documents", good + "---\n" + good, 14, "single document"},
@@ -722,7 +729,86 @@ std::vector<BadConfig> bad_configs() {
        6,
        "volumes[0].paths.b: nodes 'a' and 'b' share the address 10.0.0.1 and would both use '/p' "
        "(a: volume v, at <config>:6:38; b: volume v); give one of them its own path"},
+      // addresses: a number must be an address, anything else a DNS name
+      {"IPv4 address out of range", nodes("nodes:\n  - {name: a, address: 999.999.1.1}\n"), 2,
+       "nodes[0].address: '999.999.1.1' is not an IPv4 address"},
+      {"IPv4 address with three parts", nodes("nodes:\n  - {name: a, address: 10.0.1}\n"), 2,
+       "'10.0.1' is not an IPv4 address"},
+      {"listen out of range",
+       nodes("nodes:\n  - {name: a, address: 10.0.0.1, listen: 999.1.1.1}\n"), 2,
+       "nodes[0].listen: '999.1.1.1' is not an IPv4 address"},
+      {"listen not an IPv6 address",
+       nodes("nodes:\n  - {name: a, address: 10.0.0.1, listen: '::g'}\n"), 2,
+       "nodes[0].listen: '::g' is not an IPv6 address"},
+      {"host name with an underscore", nodes("nodes:\n  - {name: a, address: db_1.example}\n"), 2,
+       "nodes[0].address: 'db_1.example' is not an IP address or host name"},
+      {"host name label starting with -", nodes("nodes:\n  - {name: a, address: -db.example}\n"), 2,
+       "the label '-db' starts or ends with '-'"},
+      {"host name label too long",
+       nodes("nodes:\n  - {name: a, address: " + std::string(64, 'h') + ".example}\n"), 2,
+       "is 64 characters; at most 63"},
+      {"host name with an empty label", nodes("nodes:\n  - {name: a, address: db..example}\n"), 2,
+       "an empty label between dots"},
+      {"metrics host out of range", daemon("  metrics: 300.0.0.1:9942\n"), 2,
+       "daemon.metrics: invalid address '300.0.0.1:9942': '300.0.0.1' is not an IPv4 address"},
+      // sizes that cannot be mapped
+      {"size of 16 EiB - 4096", with_volume({{"size", "18446744073709547520"}}), 7,
+       "volumes[0].size: '18446744073709547520' is 18446744073709547520 bytes; a volume holds at "
+       "most 70368744177664 (64TiB)"},
+      {"size just above 64 TiB", with_volume({{"size", "70368744181760"}}), 7,
+       "a volume holds at most 70368744177664 (64TiB)"},
+      {"volumes of one node above 64 TiB together",
+       with_volume({{"size", "40TiB"}}) + replace_first(second("/pmem/w"), "1MiB", "40TiB"), 14,
+       "volumes[1].size: node 'n1' would hold 87960930222080 bytes of volumes (v, w); pmirrord "
+       "maps them all at once, at most 70368744177664 (64TiB) in all"},
+      // names and identities travel in the protocol's Hello (at most 64 bytes)
+      {"identity of 80 bytes", with_volume({{"allowed_peers", "[" + std::string(80, 'i') + "]"}}),
+       11,
+       "volumes[0].allowed_peers[0]: identity '" + std::string(80, 'i') +
+           "' is 80 characters; at most 64 are allowed (the protocol carries names and "
+           "identities of at most 64 bytes)"},
+      {"volume name of 65 bytes",
+       kNodes + "volumes:\n  - name: " + std::string(65, 'v') + "\n" +
+           good.substr(good.find("    size")),
+       6, "volume name '" + std::string(65, 'v') + "' is 65 characters; at most 64"},
+      // YAML positions: every error on a line the file has, where the problem is
+      {"empty list item at the end of the file",
+       with_volume({{"replicas", ""}}, "    replicas:\n      - n2\n      - \n"), 14,
+       "volumes[0].replicas[1]: expected a node name, got nothing (null)"},
+      {"empty list item before another",
+       with_volume({{"replicas", ""}}, "    replicas:\n      -    # to do\n      - n2\n"), 13,
+       "volumes[0].replicas[0]: expected a node name, got nothing (null)"},
+      {"empty node item",
+       nodes("nodes:\n  - {name: a, address: 10.0.0.1}\n  -\n  - {name: b, address: 10.0.0.2}\n"),
+       3, "nodes[1]: expected a map describing a node (name, address, ...), got nothing (null)"},
+      {"alias to a map where a name belongs",
+       "nodes:\n"                                    // 1
+       "  - &first {name: n1, address: 10.0.0.1}\n"  // 2
+       "  - {name: n2, address: 10.0.0.2}\n"         // 3
+       "volumes:\n"                                  // 4
+       "  - name: v\n"                               // 5
+       "    size: 1MiB\n"                            // 6
+       "    primary: n1\n"                           // 7
+       "    replicas:\n"                             // 8
+       "      - n2\n"                                // 9
+       "      - *first\n"                            // 10
+       "    path: /p\n"                              // 11
+       "    allowed_peers: [app]\n"                  // 12
+       "    secret: 0123456789abcdef\n",             // 13
+       10, "volumes[0].replicas[1]: expected a node name, got a map"},
+      {"alias to a scalar that is no node",
+       "cluster: {name: &who n9}\n" + replace_first(good, "primary: n1", "primary: *who"), 9,
+       "volumes[0].primary: 'n9' is not a node"},
+      {"alias inside its own anchor", "nodes: &self [*self]\nvolumes: []\n", 1,
+       "alias *self refers to a node that contains it (a cycle)"},
+      {"nesting 600 deep", "nodes: " + std::string(600, '[') + std::string(600, ']') + "\n", 1,
+       "levels deep; a cluster file needs a few"},
   };
+}
+
+int line_count(const std::string& text) {
+  int lines = static_cast<int>(std::count(text.begin(), text.end(), '\n'));
+  return text.empty() || text.back() == '\n' ? lines : lines + 1;
 }
 
 // The line the message's first "<config>:LINE:COL:" names, or 0.
@@ -743,6 +829,7 @@ TEST(ClusterConfigTest, BadConfigsAreRejectedWithLineAndReason) {
     EXPECT_EQ(status.code(), Errc::kConfigError);
     EXPECT_NE(status.message().find(c.fragment), std::string::npos) << status.message();
     EXPECT_EQ(first_line(status.message()), c.line) << status.message();
+    EXPECT_LE(first_line(status.message()), line_count(c.yaml)) << "a line the file does not have";
   }
 }
 
@@ -774,6 +861,148 @@ TEST(ClusterConfigTest, ReportsEveryErrorAtOnceInFileOrder) {
   EXPECT_EQ(lines[4].rfind("multi.yaml:8:13: volumes[0].secret: ", 0), 0u) << lines[4];
   EXPECT_EQ(lines[5].rfind("multi.yaml:10:14: daemon.log_level: ", 0), 0u) << lines[5];
   EXPECT_EQ(lines[6].rfind("multi.yaml:12:34: nodes[0].port: ", 0), 0u) << lines[6];
+}
+
+// Lines of a message, one problem each.
+std::vector<std::string> lines_of(const std::string& message) {
+  std::vector<std::string> lines;
+  std::istringstream in(message);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// kNodes, then a volume whose replicas are n2 and `count` aliases of n1's
+// map (lines 14 on).
+std::string aliased_replicas(int count) {
+  std::string text =
+      "nodes:\n"                                            // 1
+      "  - &n1 {name: n1, address: 10.0.0.1}\n"             // 2
+      "  - {name: n2, address: 10.0.0.2}\n"                 // 3
+      "volumes:\n"                                          // 4
+      "  - name: v\n"                                       // 5
+      "    size: 1MiB\n"                                    // 6
+      "    primary: n1\n"                                   // 7
+      "    path: /p\n"                                      // 8
+      "    allowed_peers: [app]\n"                          // 9
+      "    secret: 0123456789abcdef\n"                      // 10
+      "    replicas:\n"                                     // 11
+      "      - n2\n";                                       // 12
+  for (int i = 0; i < count; ++i) text += "      - *n1\n";  // 13 on
+  return text;
+}
+
+TEST(ClusterConfigTest, ManyProblemsAreCappedAndEachAliasIsReportedWhereItIs) {
+  auto config = parse_cluster_config(aliased_replicas(1000));
+  ASSERT_FALSE(config.ok());
+  auto lines = lines_of(config.status().message());
+  ASSERT_EQ(lines.size(), kMaxReportedProblems + 1) << config.status().message();
+  for (size_t i = 0; i < kMaxReportedProblems; ++i) {
+    // Each alias at its own line (13, 14, ...), not at its anchor's (2).
+    EXPECT_EQ(lines[i], "<config>:" + std::to_string(13 + i) + ":9: volumes[0].replicas[" +
+                            std::to_string(i + 1) + "]: expected a node name, got a map");
+  }
+  EXPECT_EQ(lines.back(), "... and 950 more problems (1000 in all); fix these and check again");
+
+  // config check: the same cap.
+  TempDir dir;
+  auto problems = check_cluster_file(dir.write("aliases.yaml", aliased_replicas(1000)));
+  ASSERT_EQ(problems.size(), kMaxReportedProblems + 1);
+  EXPECT_NE(problems[0].find("aliases.yaml:13:9: volumes[0].replicas[1]"), std::string::npos)
+      << problems[0];
+  EXPECT_EQ(problems.back(), lines.back());
+
+  // At the cap, nothing is cut.
+  config = parse_cluster_config(aliased_replicas(50));
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(lines_of(config.status().message()).size(), 50u);
+}
+
+// "Billion laughs": ten levels of ten aliases each, 10^10 nodes expanded.
+std::string alias_bomb(const std::string& used_at) {
+  std::string text =
+      "nodes:\n  - {name: n1, address: 10.0.0.1}\n  - {name: n2, address: 10.0.0.2}\n";
+  text += "cluster: {name: &l0 [a, a, a, a, a, a, a, a, a, a]}\n";  // 4; refused as a name anyway
+  for (int level = 1; level <= 10; ++level) {
+    text += "x" + std::to_string(level) + ": &l" + std::to_string(level) + " [";
+    for (int i = 0; i < 10; ++i) text += (i ? ", *l" : "*l") + std::to_string(level - 1);
+    text += "]\n";  // 5..14
+  }
+  return text + "volumes:\n  - {name: v, size: 1MiB, primary: n1, replicas: " + used_at +
+         ", path: /p, allowed_peers: [app], secret: 0123456789abcdef}\n";
+}
+
+TEST(ClusterConfigTest, AnAliasBombIsRefusedBeforeItIsExpanded) {
+  // Level 3 holds 11111 nodes: the count passes 100000 at the 8th alias to
+  // it, in level 4's list (line 8), long before anything is expanded.
+  const std::string text = alias_bomb("*l10");
+  auto config = parse_cluster_config(text);
+  ASSERT_FALSE(config.ok());
+  auto lines = lines_of(config.status().message());
+  ASSERT_EQ(lines.size(), 1u) << config.status().message();
+  EXPECT_EQ(first_line(lines[0]), 8) << lines[0];
+  EXPECT_NE(lines[0].find("with this alias *l3 (11111 nodes), the document has more than 100000 "
+                          "YAML nodes once its aliases are expanded"),
+            std::string::npos)
+      << lines[0];
+
+  TempDir dir;
+  auto problems = check_cluster_file(dir.write("bomb.yaml", text));
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("more than 100000 YAML nodes"), std::string::npos) << problems[0];
+
+  // Fan-out the parser would walk: 20000 volumes, each the same map with
+  // 20000 allowed_peers (4*10^8 names to copy before).
+  std::string wide =
+      "nodes:\n  - {name: n1, address: 10.0.0.1}\n  - {name: n2, address: 10.0.0.2}\n";
+  wide += "cluster: {name: &peers [p";
+  for (int i = 0; i < 20000; ++i) wide += ", p";
+  wide += "]}\n";
+  wide +=
+      "daemon: {log_level: &v {name: v, size: 1MiB, primary: n1, replicas: [n2], path: /p, "
+      "allowed_peers: *peers, secret: 0123456789abcdef}}\n";
+  wide += "volumes: [*v";
+  for (int i = 0; i < 20000; ++i) wide += ", *v";
+  wide += "]\n";
+  config = parse_cluster_config(wide);
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find("more than 100000 YAML nodes"), std::string::npos)
+      << config.status().message().substr(0, 2000);
+  EXPECT_EQ(first_line(config.status().message()), 6);
+}
+
+TEST(ClusterConfigTest, ADocumentOfTooManyNodesIsRefused) {
+  std::string text =
+      "nodes:\n  - {name: n1, address: 10.0.0.1}\n  - {name: n2, address: 10.0.0.2}\n";
+  text += "volumes:\n  - {name: v, size: 1MiB, primary: n1, path: /p, allowed_peers: [app],\n";
+  text += "     secret: 0123456789abcdef, replicas: [\n";   // 6
+  for (int i = 0; i < 100000; ++i) text += "       n2,\n";  // 7 on
+  text += "     ]}\n";
+  auto config = parse_cluster_config(text);
+  ASSERT_FALSE(config.ok());
+  // Nodes so far: 1 root, 2 keys+values... the 100001st is a replica.
+  const std::string& message = config.status().message();
+  EXPECT_NE(message.find("the document has more than 100000 YAML nodes"), std::string::npos)
+      << message.substr(0, 500);
+  EXPECT_GT(first_line(message), 7);
+  EXPECT_LE(first_line(message), line_count(text));
+}
+
+TEST(ClusterConfigTest, AddressesAndHostNamesThatAreValid) {
+  auto config = parse_cluster_config(
+      "nodes:\n"
+      "  - {name: a, address: db-1.example.com, listen: 0.0.0.0}\n"
+      "  - {name: b, address: 'fe80::1', listen: '::'}\n"
+      "  - {name: c, address: localhost, port: 7451, listen: 127.0.0.1}\n"
+      "  - {name: d, address: node4.example., port: 65535}\n"
+      "  - {name: e, address: 10.0.0.5, port: 1, metrics: '[::1]:9942'}\n"
+      "volumes:\n"
+      "  - {name: v, size: 64TiB, primary: a, replicas: [b], allowed_peers: [app],\n"
+      "     paths: {a: /dev/dax0.0, b: /dev/dax1.0}, secret: 0123456789abcdef}\n");
+  ASSERT_TRUE(config.ok()) << config.status().to_string();
+  EXPECT_EQ(config->nodes[0].address, "db-1.example.com");
+  EXPECT_EQ(config->nodes[1].listen, "::");
+  EXPECT_EQ(config->nodes[3].port, 65535);
+  EXPECT_EQ(config->volumes[0].size, 64ull << 40);  // the largest volume
 }
 
 TEST(ClusterConfigTest, ParseDuration) {
@@ -867,8 +1096,9 @@ TEST(ClusterConfigTest, ParseHostPort) {
   EXPECT_EQ(v6->host, "::1");
   EXPECT_EQ(v6->to_string(), "[::1]:80");
   EXPECT_EQ(parse_host_port("metrics.local:1")->host, "metrics.local");
-  for (const char* bad : {"", "host", ":80", "host:", "host:0", "host:65536", "host:x", "::1:80",
-                          "[::1]", "[::1:80", "[zz]:80", "a b:80"}) {
+  for (const char* bad :
+       {"", "host", ":80", "host:", "host:0", "host:65536", "host:x", "::1:80", "[::1]", "[::1:80",
+        "[zz]:80", "a b:80", "999.1.1.1:80", "a_b:80", "-a:80", "a..b:80"}) {
     EXPECT_FALSE(parse_host_port(bad).ok()) << bad;
   }
 }
@@ -1088,6 +1318,264 @@ TEST(ClusterConfigTest, CheckClusterFileListsEveryProblem) {
   problems = check_cluster_file((dir.path() / "absent.yaml").string());
   ASSERT_EQ(problems.size(), 1u);
   EXPECT_NE(problems[0].find("No such file or directory"), std::string::npos);
+}
+
+// ---------------------------------------------------- files shared on a host
+
+// n1 is this machine (loopback), its daemon's files in `dir`; n2 is at a
+// documentation address, another machine. Volumes (line 5 on) are served
+// by n1 and n2; `extra_nodes` go after n2 (line 4 on).
+class SharedFilesTest : public ::testing::Test {
+ protected:
+  std::string d(const std::string& name) const { return (dir_.path() / name).string(); }
+
+  // A 1 MiB file (the volumes' size).
+  std::string image(const std::string& name) {
+    std::string path = d(name);
+    std::ofstream(path).close();
+    EXPECT_EQ(::truncate(path.c_str(), 1 << 20), 0);
+    return path;
+  }
+
+  static std::string volume(const std::string& name, const std::string& path,
+                            const std::string& extra = "") {
+    return "  - {name: " + name +
+           ", size: 1MiB, primary: n2, replicas: [n1], allowed_peers: [app], secret: "
+           "0123456789abcdef, path: " +
+           path + extra + "}\n";
+  }
+
+  std::string write(const std::vector<std::string>& volumes, const std::string& extra_nodes = "",
+                    const std::string& n1_files = "") {
+    std::string text =
+        "nodes:\n  - {name: n1, address: 127.0.0.1, " +
+        (n1_files.empty() ? "state_pool: " + d("n1.state") + ", control_socket: " + d("n1.sock")
+                          : n1_files) +
+        "}\n  - {name: n2, address: 203.0.113.7}\n" + extra_nodes + "volumes:\n";
+    for (const auto& v : volumes) text += v;
+    return file_ = dir_.write("cluster.yaml", text);
+  }
+
+  // "FILE:LINE:COL" of the first `needle` on line `line` of the file.
+  std::string at(int line, const std::string& needle, size_t skip = 0) const {
+    std::ifstream in(file_);
+    std::string text;
+    for (int i = 0; i < line; ++i) std::getline(in, text);
+    size_t column = text.find(needle);
+    for (size_t k = 0; k < skip; ++k) column = text.find(needle, column + 1);
+    EXPECT_NE(column, std::string::npos) << needle << " not on line " << line << ": " << text;
+    return file_ + ":" + std::to_string(line) + ":" + std::to_string(column + needle.size() + 1);
+  }
+
+  TempDir dir_;
+  std::string file_;
+};
+
+TEST_F(SharedFilesTest, AVolumeLinkedToAnotherIsTheSameFile) {
+  std::string v = image("v.img");
+  std::string w = d("w.img");
+  ASSERT_EQ(::symlink(v.c_str(), w.c_str()), 0);
+  struct stat st {};
+  ASSERT_EQ(::stat(v.c_str(), &st), 0);
+  write({volume("v", v), volume("w", w)});
+  const std::string expected =
+      at(6, "path: ") + ": volumes[1].paths.n1: the copy of volume 'w' on node 'n1', " + w +
+      ", and the copy of volume 'v' on node 'n1', " + v + " (at " + at(5, "path: ") +
+      "), are the same file (device " + std::to_string(major(st.st_dev)) + ":" +
+      std::to_string(minor(st.st_dev)) + ", inode " + std::to_string(st.st_ino) +
+      ": a symbolic or hard link, or a path through one); give each a file of its own (two uses "
+      "of one file overwrite each other)";
+  // n2 (another machine) uses the same paths: not compared.
+  EXPECT_EQ(check_cluster_file(file_, "n1"), std::vector<std::string>{expected});
+
+  // pmirrord refuses it with the same message.
+  auto cluster = load_cluster_config(file_);
+  ASSERT_TRUE(cluster.ok()) << cluster.status().to_string();
+  auto daemon = daemon_config_for(*cluster, "n1");
+  ASSERT_FALSE(daemon.ok());
+  EXPECT_EQ(daemon.status().code(), Errc::kConfigError);
+  EXPECT_EQ(daemon.status().message(), expected);
+
+  // A hard link too.
+  ASSERT_EQ(::unlink(w.c_str()), 0);
+  ASSERT_EQ(::link(v.c_str(), w.c_str()), 0);
+  EXPECT_EQ(check_cluster_file(file_, "n1"), std::vector<std::string>{expected});
+}
+
+TEST_F(SharedFilesTest, FilesNotCreatedYetCompareWithTheirLinksResolved) {
+  std::filesystem::create_directory(d("real"));
+  ASSERT_EQ(::symlink(d("real").c_str(), d("linked").c_str()), 0);
+  // A dangling link names the file creating it would make.
+  ASSERT_EQ(::symlink(d("real/x.img").c_str(), d("dangling").c_str()), 0);
+  write({volume("v", d("real/v.img"), ", create: true"),
+         volume("w", d("linked/../linked/v.img"), ", create: true"),
+         volume("x", d("real/x.img"), ", create: true"),
+         volume("y", d("dangling"), ", create: true")});
+  auto problems = check_cluster_file(file_, "n1");
+  ASSERT_EQ(problems.size(), 3u) << ::testing::PrintToString(problems);
+  EXPECT_EQ(problems[0].rfind(at(6, "path: ") + ": volumes[1].paths.n1: the copy of volume 'w'", 0),
+            0u)
+      << problems[0];
+  EXPECT_NE(problems[0].find("(both name " + d("real/v.img") + " once links are followed)"),
+            std::string::npos)
+      << problems[0];
+  // ... and so are their default metadata pools beside them.
+  EXPECT_EQ(problems[1].rfind(at(6, "path: ") +
+                                  ": volumes[1].paths.n1: the metadata pool of "
+                                  "volume 'w' on node 'n1' (the default), " +
+                                  d("linked/../linked/v.img.pmirror"),
+                              0),
+            0u)
+      << problems[1];
+  EXPECT_EQ(problems[2].rfind(at(8, "path: ") + ": volumes[3].paths.n1: the copy of volume 'y'", 0),
+            0u)
+      << problems[2];
+}
+
+TEST_F(SharedFilesTest, DaemonFilesShareNothingWithVolumesOrEachOther) {
+  struct Case {
+    const char* what;
+    std::vector<std::string> volumes;
+    std::string n1_files;  // empty: n1.state and n1.sock
+    int line;
+    std::string needle;  // the value the problem is reported at, on `line`
+    std::string fragment;
+  };
+  const Case cases[] = {
+      {"a volume on the state pool",
+       {volume("v", d("n1.state"))},
+       "",
+       5,
+       "path: ",
+       "volumes[0].paths.n1: the copy of volume 'v' on node 'n1', " + d("n1.state") +
+           ", and the state pool of node 'n1', " + d("n1.state") + " (at "},
+      {"a metadata pool on the state pool",
+       {volume("v", d("v.img"), ", metadata: {n1: " + d("n1.state") + "}")},
+       "",
+       5,
+       "n1: ",
+       "volumes[0].metadata.n1: the metadata pool of volume 'v' on node 'n1', " + d("n1.state") +
+           ", and the state pool of node 'n1'"},
+      {"a volume on the control socket",
+       {volume("v", d("n1.sock"))},
+       "",
+       5,
+       "path: ",
+       "volumes[0].paths.n1: the copy of volume 'v' on node 'n1', " + d("n1.sock") +
+           ", and the control socket of node 'n1'"},
+      {"the control socket on the state pool",
+       {volume("v", d("v.img"))},
+       "state_pool: " + d("p") + ", control_socket: " + d("p"),
+       2,
+       "control_socket: ",
+       "nodes[0].control_socket: the control socket of node 'n1', " + d("p") +
+           ", and the state pool of node 'n1', " + d("p")},
+      {"the default state pool on a volume",
+       {volume("v", "/var/lib/pmirror/pmirrord.state")},
+       "control_socket: " + d("n1.sock"),
+       5,
+       "path: ",
+       "and the state pool of node 'n1' (the default), /var/lib/pmirror/pmirrord.state"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    write(c.volumes, "", c.n1_files);
+    auto problems = check_cluster_file(file_, "n1");
+    ASSERT_EQ(problems.size(), 1u) << ::testing::PrintToString(problems);
+    EXPECT_EQ(problems[0].rfind(at(c.line, c.needle) + ": ", 0), 0u) << problems[0];
+    EXPECT_NE(problems[0].find(c.fragment), std::string::npos) << problems[0];
+    auto cluster = load_cluster_config(file_);
+    ASSERT_TRUE(cluster.ok()) << cluster.status().to_string();
+    auto daemon = daemon_config_for(*cluster, "n1");
+    ASSERT_FALSE(daemon.ok());
+    EXPECT_EQ(daemon.status().message(), problems[0]);
+  }
+}
+
+TEST_F(SharedFilesTest, WhichNodesShareTheHost) {
+  // n3 at another loopback address: this machine too. Its state pool is
+  // n1's copy of v.
+  std::string v = image("v.img");
+  const std::string n3 = "  - {name: n3, address: 127.0.0.3, state_pool: " + v +
+                         ", control_socket: " + d("n3.sock") + "}\n";
+  write({volume("v", v)}, n3);
+  auto problems = check_cluster_file(file_, "n1");
+  ASSERT_EQ(problems.size(), 1u) << ::testing::PrintToString(problems);
+  EXPECT_EQ(problems[0].rfind(at(6, "path: ") +
+                                  ": volumes[0].paths.n1: the copy of volume 'v' on "
+                                  "node 'n1', " +
+                                  v + ", and the state pool of node 'n3', " + v,
+                              0),
+            0u)
+      << problems[0];
+  // Without --node: the loopback nodes are this machine's.
+  EXPECT_EQ(check_cluster_file(file_), problems);
+  auto cluster = load_cluster_config(file_);
+  ASSERT_TRUE(cluster.ok());
+  EXPECT_FALSE(daemon_config_for(*cluster, "n3").ok());  // n3's own file
+  EXPECT_FALSE(daemon_config_for(*cluster, "n1").ok());
+
+  // Nodes on one address (not this machine's): the same machine. n5's
+  // state pool is a link to n4's copy of w.
+  std::string w = image("w.img");
+  ASSERT_EQ(::symlink(w.c_str(), d("w.link").c_str()), 0);
+  const std::string n45 =
+      "  - {name: n4, address: 198.51.100.4, state_pool: " + d("n4.state") +
+      ", control_socket: " + d("n4.sock") + "}\n" +
+      "  - {name: n5, address: 198.51.100.4, port: 7451, state_pool: " + d("w.link") +
+      ", control_socket: " + d("n5.sock") + "}\n";
+  write({"  - {name: w, size: 1MiB, primary: n2, replicas: [n4], allowed_peers: [app], secret: "
+         "0123456789abcdef, path: " +
+         w + "}\n"},
+        n45);
+  problems = check_cluster_file(file_, "n4");
+  ASSERT_EQ(problems.size(), 1u) << ::testing::PrintToString(problems);
+  EXPECT_NE(problems[0].find("the copy of volume 'w' on node 'n4', " + w +
+                             ", and the state pool of node 'n5', " + d("w.link")),
+            std::string::npos)
+      << problems[0];
+  // n1 (loopback) does not share 198.51.100.4's machine; n5 does.
+  EXPECT_EQ(check_cluster_file(file_, "n1"), std::vector<std::string>{});
+  EXPECT_EQ(check_cluster_file(file_, "n5"), problems);
+  cluster = load_cluster_config(file_);
+  ASSERT_TRUE(cluster.ok());
+  EXPECT_TRUE(daemon_config_for(*cluster, "n1").ok());
+  EXPECT_FALSE(daemon_config_for(*cluster, "n4").ok());
+}
+
+TEST_F(SharedFilesTest, DevicesCompareByDeviceNumber) {
+  // /dev/null stands in for a devdax device: a character device.
+  struct stat st {};
+  if (::stat("/dev/null", &st) != 0 || !S_ISCHR(st.st_mode)) GTEST_SKIP() << "no /dev/null";
+  ASSERT_EQ(::symlink("/dev/null", d("dax").c_str()), 0);
+  write({volume("v", "/dev/null", ", metadata: {n1: " + d("v.pmirror") + "}"),
+         volume("w", d("dax"), ", metadata: {n1: " + d("w.pmirror") + "}")});
+  auto problems = check_cluster_file(file_, "n1");
+  ASSERT_EQ(problems.size(), 1u) << ::testing::PrintToString(problems);
+  EXPECT_NE(problems[0].find("the copy of volume 'w' on node 'n1', " + d("dax") +
+                             ", and the copy of volume 'v' on node 'n1', /dev/null"),
+            std::string::npos)
+      << problems[0];
+  EXPECT_NE(problems[0].find("(both are device " + std::to_string(major(st.st_rdev)) + ":" +
+                             std::to_string(minor(st.st_rdev)) + ")"),
+            std::string::npos)
+      << problems[0];
+}
+
+TEST_F(SharedFilesTest, DefaultDaemonFilesOfTwoLoopbackNodesClash) {
+  // Two daemons on this machine at different loopback addresses, both with
+  // the default state pool and control socket: the parser cannot see it
+  // (different addresses), the host check can.
+  write({volume("v", d("v.img"), ", create: true")}, "  - {name: n3, address: 127.0.0.3}\n",
+        "state_pool: " + d("n1.state"));
+  auto problems = check_cluster_file(file_, "n1");
+  ASSERT_EQ(problems.size(), 1u) << ::testing::PrintToString(problems);
+  EXPECT_EQ(problems[0].rfind(at(4, "- ") + ": nodes[2]: the control socket of node 'n3' (the "
+                                            "default), /run/pmirror/pmirrord.sock, and the "
+                                            "control socket of node 'n1' (the default)",
+                              0),
+            0u)
+      << problems[0];
 }
 
 // The shipped example must stay valid. Its secret_file paths (/etc/pmirror/)
