@@ -718,4 +718,27 @@ Status to_status(const ErrorReply& reply) {
   return Status(reply.code, reply.text);
 }
 
+std::string printable(std::string_view text, size_t max_bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(std::min(text.size(), max_bytes) + 8);
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (out.size() >= max_bytes) {
+      out += "...";
+      break;
+    }
+    auto c = static_cast<unsigned char>(text[i]);
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += kDigits[c >> 4];
+      out += kDigits[c & 0xf];
+    }
+  }
+  return out;
+}
+
 }  // namespace pmirror::protocol

@@ -272,4 +272,10 @@ ErrorReply make_error_reply(const Status& status);
 // The Status a received ErrorReply stands for ("<text>" with its code).
 Status to_status(const ErrorReply& reply);
 
+// Text a peer chose (an identity, an ErrorReply's text), made safe to show
+// in logs, status and events: printable ASCII is kept, a backslash becomes
+// "\\", every other byte "\xNN" (so the result is ASCII, hence valid
+// UTF-8); longer than max_bytes, it is cut and ends in "...".
+std::string printable(std::string_view text, size_t max_bytes = 256);
+
 }  // namespace pmirror::protocol

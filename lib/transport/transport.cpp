@@ -1,29 +1,10 @@
+// The seam's entry points: each asks the registry which implementation
+// serves a kind. No implementation is named here.
 #include "transport/transport.h"
 
-#include "transport/fake/fake_transport.h"
-#include "transport/rdma/rdma_transport.h"
-#include "transport/tcp/tcp_transport.h"
+#include "transport/registry.h"
 
 namespace pmirror::transport {
-
-std::string_view kind_name(Kind kind) {
-  switch (kind) {
-    case Kind::kTcp:
-      return "tcp";
-    case Kind::kRdma:
-      return "rdma";
-    case Kind::kFake:
-      return "fake";
-  }
-  return "unknown";
-}
-
-Result<Kind> parse_kind(std::string_view text) {
-  if (text == "tcp") return Kind::kTcp;
-  if (text == "rdma") return Kind::kRdma;
-  return Status(Errc::kInvalidArgument,
-                "unknown transport '" + std::string(text) + "' (expected 'tcp' or 'rdma')");
-}
 
 std::string_view opcode_name(Opcode op) {
   switch (op) {
@@ -39,30 +20,30 @@ std::string_view opcode_name(Opcode op) {
   return "unknown";
 }
 
-Result<std::unique_ptr<Listener>> listen(Kind kind, const std::string& address, uint16_t port,
-                                         const ConnectionOptions& options) {
-  switch (kind) {
-    case Kind::kTcp:
-      return tcp_listen(address, port, options);
-    case Kind::kRdma:
-      return rdma_listen(address, port, options);
-    case Kind::kFake:
-      return fake::listen_installed(address, port, options);
+Result<Capabilities> capabilities(Kind kind) {
+  PMIRROR_ASSIGN_OR_RETURN(auto provider, Registry::instance().find(kind));
+  return provider->capabilities;
+}
+
+Result<Kind> kind_for_name(std::string_view name) {
+  for (const KindInfo& info : kKinds) {
+    if (info.configurable || info.name != name) continue;
+    if (Registry::instance().find(info.kind).ok()) return info.kind;
   }
-  return Status(Errc::kInvalidArgument, "listen: unknown transport kind");
+  return parse_kind(name);
+}
+
+Result<std::unique_ptr<Listener>> listen(Kind kind, const std::string& address, uint16_t port,
+                                         const ConnectionOptions& options,
+                                         const AdmissionOptions& admission) {
+  PMIRROR_ASSIGN_OR_RETURN(auto provider, Registry::instance().find(kind));
+  return provider->listen(address, port, options, admission);
 }
 
 Result<std::unique_ptr<Connection>> connect(Kind kind, const std::string& address, uint16_t port,
                                             const ConnectionOptions& options) {
-  switch (kind) {
-    case Kind::kTcp:
-      return tcp_connect(address, port, options);
-    case Kind::kRdma:
-      return rdma_connect(address, port, options);
-    case Kind::kFake:
-      return fake::connect_installed(address, port, options);
-  }
-  return Status(Errc::kInvalidArgument, "connect: unknown transport kind");
+  PMIRROR_ASSIGN_OR_RETURN(auto provider, Registry::instance().find(kind));
+  return provider->connect(address, port, options);
 }
 
 }  // namespace pmirror::transport

@@ -4,6 +4,11 @@
 //   tcp   sockets; the passive side services the one-sided operations
 //         against its registered memory itself, with the same guarantees.
 //
+// (and, in tests, the in-process fake fabric). Which implementation serves a
+// Kind is the registry's business (registry.h); code above the seam calls
+// listen/connect with a Kind and asks capabilities(), never the kind itself,
+// what a transport guarantees.
+//
 // The model, as in verbs:
 //  * Memory is registered on a Connection before a peer may touch it. A
 //    registration gives a RemoteKey (address + rkey) that the owner hands to
@@ -22,10 +27,26 @@
 //  * Everything is asynchronous: post_* queue work and return; poll()
 //    reports completions, in posting order for each kind of queue.
 //
+// Dormant connections. A Connection that Listener::accept returns is
+// DORMANT until activate(): the peer has completed the transport's own
+// hello but is not yet authenticated by the layer above, so it costs no
+// thread. A dormant connection offers only what a handshake needs:
+// post_send, poll, recv_data and repost_recv (and register_memory, which
+// grants nothing before activation), all executed in the caller's thread
+// (poll(0) never blocks; wait_fd() says when to call it). One-sided
+// operations are refused (kFailedPrecondition) and a peer's one-sided
+// frame is a protocol error that closes the connection. activate() makes
+// it a full connection (tcp: starts its sender and receiver threads);
+// connect() returns connections that are already active. The listener
+// counts dormant connections as unauthenticated against AdmissionOptions'
+// caps and may close the oldest to make room for a new one (the owner then
+// sees the connection closed); activate() takes it out of that count.
+//
 // Persistence. Over rdma, placement is durability only where the target's
 // memory is pmem and the platform writes through to it (APM). Over tcp, the
 // passive side makes every Write durable (registration's persist function)
-// before it answers a later Read, so a Read after Write is a flush there too.
+// before it answers a later Read, so a Read after Write is a flush there too;
+// a Read whose persist failed fails.
 #pragma once
 
 #include <chrono>
@@ -38,28 +59,32 @@
 #include <string_view>
 
 #include "common/status.h"
+#include "transport/kind.h"
 
 namespace pmirror::transport {
 
-// kFake is the in-process fake fabric (fake/fake_transport.h), for tests
-// only: listen/connect reach the FakeFabric installed with
-// fake::install_fabric. parse_kind never returns it, so no configuration
-// file or user can select it.
-enum class Kind { kTcp, kRdma, kFake };
-std::string_view kind_name(Kind kind);           // "tcp" | "rdma" | "fake"
-Result<Kind> parse_kind(std::string_view text);  // "tcp" | "rdma" only
+// Kind, kind_name and parse_kind ("tcp" | "rdma"): transport/kind.h. kFake
+// is the in-process fake fabric, for tests only: it is registered while a
+// test installs a FakeFabric (fake/fake_transport.h), and parse_kind never
+// returns it, so no configuration file or user can select it.
 
 // Access a peer is given to a registration (bit set).
 enum Access : uint32_t {
-  kLocalOnly = 0,         // source of our writes / destination of our reads
+  kLocalOnly = 0,          // source of our writes / destination of our reads
   kRemoteWrite = 1u << 0,  // the peer may RDMA Write into it
   kRemoteRead = 1u << 1,   // the peer may RDMA Read from it
 };
 
-// Makes [addr, addr+len) durable. The tcp transport calls it on the passive
-// side before answering a Read that follows Writes into that range; rdma
-// ignores it (the NIC places data; durability is the platform's business).
-using PersistFn = std::function<void(const void* addr, size_t len)>;
+// Makes [addr, addr+len) durable; not ok when it could not (a write-back
+// error: the message names the volume and the errno). The tcp transport
+// calls it on the passive side before answering a Read that follows Writes
+// into that range, and refuses that Read when it fails (an ERROR frame with
+// the message; the connection breaks, as an RC QP would); rdma ignores it
+// (the NIC places data; durability is the platform's business). A failure
+// no Read can report -- while a registration is destroyed, or after the
+// connection ended -- is dropped by the transport: the owner's function must
+// record and log it itself (region::Region does).
+using PersistFn = std::function<Status(const void* addr, size_t len)>;
 
 // What the peer needs to address a registration.
 struct RemoteKey {
@@ -80,17 +105,40 @@ enum class Opcode : uint8_t { kWrite, kRead, kSend, kRecv };
 std::string_view opcode_name(Opcode op);
 
 struct Completion {
-  uint64_t wr_id = 0;     // as given to post_*; for kRecv the slot index
+  uint64_t wr_id = 0;  // as given to post_*; for kRecv the slot index
   Opcode opcode = Opcode::kSend;
   Status status;          // not ok: the operation failed, and the connection is broken
   uint32_t byte_len = 0;  // kRecv: length of the message in the slot
 };
 
 struct ConnectionOptions {
-  uint32_t recv_slots = 64;          // receive buffers pre-posted
-  uint32_t message_size = 4096;      // bytes per send/receive buffer
-  uint32_t max_outstanding = 256;    // send-queue depth (writes+reads+sends in flight)
+  uint32_t recv_slots = 64;        // receive buffers pre-posted
+  uint32_t message_size = 4096;    // bytes per send/receive buffer
+  uint32_t max_outstanding = 256;  // send-queue depth (writes+reads+sends in flight)
   std::chrono::milliseconds connect_timeout{5000};
+};
+
+// What a listener allows peers that are not yet authenticated: from the
+// accepted socket through the transport's hello until the connection is
+// activate()d. When a new connection would exceed a cap, the oldest
+// unauthenticated connection of its source (per-source cap) or of the
+// source holding the most (total cap) is closed to make room, so silent
+// connections can never lock a new initiator out. A source is the peer's
+// IPv4 address or its IPv6 /64 prefix.
+struct AdmissionOptions {
+  // The transport's hello must complete within this of the accept.
+  std::chrono::milliseconds handshake_timeout{5000};
+  uint32_t max_unauthenticated = 64;
+  uint32_t max_unauthenticated_per_source = 16;
+};
+
+// A listener's admission counts since it started (thread-safe to read).
+struct AdmissionCounters {
+  uint64_t unauthenticated = 0;  // now: hello pending or dormant
+  uint64_t evicted = 0;          // closed to make room under a cap (or for a file descriptor)
+  uint64_t timed_out = 0;        // the transport's hello did not complete in time
+  uint64_t dropped = 0;          // accepted and closed at once: out of file descriptors/memory
+  uint64_t failed = 0;           // the transport's hello was wrong (not ours, mismatched)
 };
 
 class Connection {
@@ -127,16 +175,36 @@ class Connection {
   // Disconnects; pending operations complete with errors. Idempotent.
   virtual void shutdown() = 0;
 
+  // Ends the dormant state (see above): the peer is authenticated. No-op on
+  // an active connection. Errors: kResourceExhausted when the threads it
+  // needs cannot be created (the connection is then unusable; shut it
+  // down), kClosed when the connection already broke (or was evicted),
+  // kProtocolError when the peer is in the middle of sending a frame.
+  virtual Status activate() { return Status::Ok(); }
+  // A descriptor that becomes readable when poll() may have something to
+  // return (for poll(2) by the owner of a dormant connection); -1: none,
+  // poll periodically.
+  virtual int wait_fd() const { return -1; }
+
   virtual const ConnectionOptions& options() const = 0;
   virtual std::string peer_address() const = 0;  // "host:port", for logs
-  virtual Kind kind() const = 0;
 };
 
 class Listener {
  public:
   virtual ~Listener() = default;
-  // Waits up to timeout for the next initiator. nullptr on timeout.
+  // Waits up to timeout for the next initiator whose transport hello has
+  // completed, and returns its connection, dormant (see above). nullptr on
+  // timeout. An error concerns one peer only (a hello that failed: not a
+  // pmirror peer, mismatched options, timed out) and the listener stays
+  // usable, except kClosed after shutdown(). Hellos progress only while
+  // accept() runs: call it whenever wait_fd() is readable, and at least
+  // every few hundred milliseconds (deadlines, back-off after running out
+  // of file descriptors).
   virtual Result<std::unique_ptr<Connection>> accept(std::chrono::milliseconds timeout) = 0;
+  // Readable when accept(0) may make progress; -1: none, poll periodically.
+  virtual int wait_fd() const { return -1; }
+  virtual AdmissionCounters admission() const { return {}; }
   virtual uint16_t port() const = 0;  // the bound port (useful when 0 was asked)
   // Checks, without a peer, that [addr, addr+len) can be registered for
   // `access` on the device(s) this listener serves -- so that a volume that
@@ -145,12 +213,39 @@ class Listener {
   virtual Status check_registrable(void* /*addr*/, size_t /*len*/, uint32_t /*access*/) {
     return Status::Ok();
   }
-  virtual void shutdown() = 0;        // wakes accept(); idempotent
+  virtual void shutdown() = 0;  // wakes accept(); idempotent
 };
 
+// What a transport guarantees, for the code above the seam to decide by
+// (rather than by its kind). Per-mapping questions go to the listener
+// (Listener::check_registrable: rdma cannot register fsdax pages without
+// ODP), since the answer depends on the device it serves.
+struct Capabilities {
+  // A Read posted after Writes on one connection completes only once those
+  // Writes are durable, whatever memory backs the peer's registration: tcp,
+  // whose passive side persists (PersistFn) before it answers. false: the
+  // Read only proves the Writes were placed, which is durability only where
+  // that memory is pmem and the platform writes through to it (rdma: APM
+  // on devdax/fsdax, with DDIO off or eADR).
+  bool read_flushes_writes_on_any_backing = false;
+};
+
+// What the transport serving `kind` in this process guarantees; kUnsupported
+// when this build left it out, kFailedPrecondition when nothing registered
+// it (the fake outside a test).
+Result<Capabilities> capabilities(Kind kind);
+
+// The kind a replica's transport name selects in this process: a name
+// parse_kind accepts, or the name of a kind registered here although no
+// configuration may name it ("fake", while a test installed a fabric).
+// kInvalidArgument otherwise, as parse_kind.
+Result<Kind> kind_for_name(std::string_view name);
+
 // address: numeric IPv4/IPv6 or a host name. port 0 binds an ephemeral port.
+// Errors as capabilities() when no transport serves `kind`.
 Result<std::unique_ptr<Listener>> listen(Kind kind, const std::string& address, uint16_t port,
-                                         const ConnectionOptions& options);
+                                         const ConnectionOptions& options,
+                                         const AdmissionOptions& admission = {});
 Result<std::unique_ptr<Connection>> connect(Kind kind, const std::string& address, uint16_t port,
                                             const ConnectionOptions& options);
 

@@ -320,8 +320,9 @@ struct Hub {
   }
 
   // APM: a Read executing for `reader` makes every Write it placed durable,
-  // then calls the registrations' PersistFns on the merged ranges.
-  void flush_writes_of(uint64_t reader) {
+  // then calls the registrations' PersistFns on the merged ranges. Returns
+  // the first PersistFn failure (the Read then fails, as over tcp).
+  Status flush_writes_of(uint64_t reader) {
     std::map<uint32_t, std::vector<std::pair<uintptr_t, uintptr_t>>> by_rkey;
     std::vector<std::pair<Medium*, std::pair<uintptr_t, uintptr_t>>> ranges;
     for (auto& [base, m] : media)
@@ -332,6 +333,7 @@ struct Hub {
           by_rkey[p.rkey].push_back(r);
         }
     for (auto& [m, r] : ranges) flush(*m, r.first, r.second);
+    Status first;
     for (auto& [rkey, rs] : by_rkey) {
       auto it = regs.find(rkey);
       if (it == regs.end() || !it->second.persist) continue;
@@ -344,9 +346,13 @@ struct Hub {
           merged.push_back(r);
       }
       InPersistFn in_persist_fn;
-      for (auto& r : merged)
-        it->second.persist(reinterpret_cast<const void*>(r.first), r.second - r.first);
+      for (auto& r : merged) {
+        Status persisted =
+            it->second.persist(reinterpret_cast<const void*>(r.first), r.second - r.first);
+        if (!persisted.ok() && first.ok()) first = std::move(persisted);
+      }
     }
+    return first;
   }
 
   bool runnable(const End& e) const {
@@ -414,7 +420,20 @@ struct Hub {
                                       std::vector<std::byte>(remote, remote + w.length)});
           }
         } else {
-          if (options.read_flushes) flush_writes_of(e.id);
+          if (Status flushed = options.read_flushes ? flush_writes_of(e.id) : Status::Ok();
+              !flushed.ok()) {
+            // The flush did not make the Writes durable: the Read fails and
+            // the connection breaks, as the tcp passive side refuses it.
+            c.status = Status(flushed.code(),
+                              "peer " + e.peer_address + " refused " + std::string(op) + " wr_id " +
+                                  std::to_string(w.wr_id) + ": " + flushed.message());
+            Status mine = c.status;
+            push_cqe(e, std::move(c), true);
+            break_pair(e, mine,
+                       Status(flushed.code(), "refused a " + std::string(op) + " from peer " +
+                                                  p.peer_address + ": " + flushed.message()));
+            return Exec::kDone;
+          }
           if (w.length > 0) std::memmove(w.local, remote, w.length);
         }
         break;
@@ -699,7 +718,6 @@ class FakeConnection final : public Connection {
 
   const ConnectionOptions& options() const override { return options_; }
   std::string peer_address() const override { return peer_address_; }
-  Kind kind() const override { return hub_->options.reported_kind; }
 
  private:
   Result<const FakeMemoryRegion*> check_local(const MemoryRegion& local, size_t offset, size_t len,
@@ -932,18 +950,22 @@ void FakeFabric::untrack(const void* addr) {
   }
 }
 
-void FakeFabric::persist(const void* addr, size_t len) {
+Status FakeFabric::persist(const void* addr, size_t len) {
   std::lock_guard lk(hub_->mu);
   auto a = reinterpret_cast<uintptr_t>(addr);
   uintptr_t b = a + len;
   hub_->persist_range(a, b);
   InPersistFn in_persist_fn;
+  Status first;
   for (auto& [rkey, reg] : hub_->regs) {
     auto ra = reinterpret_cast<uintptr_t>(reg.base);
     uintptr_t rb = ra + reg.length;
     uintptr_t lo = std::max(a, ra), hi = std::min(b, rb);
-    if (lo < hi && reg.persist) reg.persist(reinterpret_cast<const void*>(lo), hi - lo);
+    if (lo >= hi || !reg.persist) continue;
+    Status persisted = reg.persist(reinterpret_cast<const void*>(lo), hi - lo);
+    if (!persisted.ok() && first.ok()) first = std::move(persisted);
   }
+  return first;
 }
 
 void FakeFabric::mark_durable(const void* addr, size_t len) {
@@ -961,7 +983,7 @@ PersistFn FakeFabric::tracking_persist_fn(PersistFn real) {
       auto a = reinterpret_cast<uintptr_t>(addr);
       hub->persist_range(a, a + len);
     }
-    if (real) real(addr, len);
+    return real ? real(addr, len) : Status::Ok();
   };
 }
 

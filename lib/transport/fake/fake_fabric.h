@@ -25,7 +25,8 @@
 // of Writes placed into it that are not durable yet. A Write changes the
 // visible bytes at once; its range becomes durable
 //  * when a later Read executes on the same connection (APM; the fabric then
-//    calls the registration's PersistFn on the flushed ranges, as tcp does),
+//    calls the registration's PersistFn on the flushed ranges, as tcp does,
+//    and a PersistFn that fails fails the Read and breaks the connection),
 //    unless FabricOptions::read_flushes is false;
 //  * when the owner persists it: persist(addr, len), mark_durable(addr, len),
 //    or a PersistFn obtained from tracking_persist_fn() (GPSPM).
@@ -52,10 +53,6 @@
 namespace pmirror::transport::fake {
 
 struct FabricOptions {
-  // What Connection::kind() reports. The fake's persistence semantics match
-  // tcp (a Read after Writes flushes them); pick kRdma to exercise code that
-  // branches on the kind.
-  Kind reported_kind = Kind::kTcp;
   // false: a Read does not make earlier Writes durable (rdma into a plain
   // file: only the owner's persist does -- GPSPM only).
   bool read_flushes = true;
@@ -133,8 +130,9 @@ class FakeFabric {
   Status track(const std::string& node, void* addr, size_t len);
   // The owner persists [addr, addr+len) (GPSPM): marks it durable in every
   // tracked medium it overlaps, then calls the PersistFn of every live
-  // registration that overlaps it, clipped to that registration.
-  void persist(const void* addr, size_t len);
+  // registration that overlaps it, clipped to that registration. Returns
+  // the first PersistFn failure.
+  Status persist(const void* addr, size_t len);
   // A PersistFn that marks the range durable (no registration callbacks) and
   // then calls `real` -- to hand to code that persists through a PersistFn.
   // Called from inside a PersistFn the fabric is calling, it only calls

@@ -1,8 +1,10 @@
-// Kind::kFake dispatch: see fake_transport.h.
+// Kind::kFake registration: see fake_transport.h.
 #include "transport/fake/fake_transport.h"
 
 #include <mutex>
 #include <utility>
+
+#include "transport/registry.h"
 
 namespace pmirror::transport::fake {
 
@@ -25,11 +27,34 @@ std::pair<std::shared_ptr<FakeFabric>, std::string> current() {
   return {s.fabric, s.from};
 }
 
-Status not_installed(std::string_view what) {
-  return Status(Errc::kFailedPrecondition,
-                std::string(what) +
-                    " over transport 'fake': no FakeFabric is installed (the fake transport is "
-                    "for tests: fake::install_fabric or fake::ScopedFabric first)");
+Result<std::unique_ptr<Connection>> connect_to(const std::shared_ptr<FakeFabric>& fabric,
+                                               const std::string& from, const std::string& address,
+                                               uint16_t port, const ConnectionOptions& options) {
+  if (port != 0) {
+    auto listening = fabric->port_of(address);
+    if (listening.ok() && *listening != port)
+      return Status(Errc::kConnectionError,
+                    "connect to fake:" + address + ":" + std::to_string(port) +
+                        ": connection refused (the listener there has port " +
+                        std::to_string(*listening) + ")");
+  }
+  return fabric->connect(address, options, from);
+}
+
+// The provider serving Kind::kFake with `fabric`, connecting from `from`.
+Provider provider_for(std::shared_ptr<FakeFabric> fabric, std::string from) {
+  Provider fake;
+  fake.kind = Kind::kFake;
+  fake.capabilities.read_flushes_writes_on_any_backing = false;  // as rdma: see the header
+  fake.listen = [fabric](const std::string& address, uint16_t port,
+                         const ConnectionOptions& options, const AdmissionOptions&) {
+    return fabric->listen(address, options, port);
+  };
+  fake.connect = [fabric, from](const std::string& address, uint16_t port,
+                                const ConnectionOptions& options) {
+    return connect_to(fabric, from, address, port, options);
+  };
+  return fake;
 }
 
 }  // namespace
@@ -37,6 +62,11 @@ Status not_installed(std::string_view what) {
 void install_fabric(std::shared_ptr<FakeFabric> fabric, std::string connect_from) {
   Installed& s = installed();
   std::lock_guard lk(s.mu);
+  if (fabric != nullptr) {
+    Registry::instance().add(provider_for(fabric, connect_from));
+  } else {
+    Registry::instance().remove(Kind::kFake);
+  }
   s.fabric = std::move(fabric);
   s.from = std::move(connect_from);
 }
@@ -51,29 +81,6 @@ ScopedFabric::ScopedFabric(std::shared_ptr<FakeFabric> fabric, std::string conne
 }
 
 ScopedFabric::~ScopedFabric() { install_fabric(std::move(previous_), std::move(previous_from_)); }
-
-Result<std::unique_ptr<Listener>> listen_installed(const std::string& address, uint16_t port,
-                                                   const ConnectionOptions& options) {
-  auto [fabric, from] = current();
-  if (fabric == nullptr) return not_installed("listen on " + address);
-  return fabric->listen(address, options, port);
-}
-
-Result<std::unique_ptr<Connection>> connect_installed(const std::string& address, uint16_t port,
-                                                      const ConnectionOptions& options) {
-  auto [fabric, from] = current();
-  std::string where = address + ":" + std::to_string(port);
-  if (fabric == nullptr) return not_installed("connect to " + where);
-  if (port != 0) {
-    auto listening = fabric->port_of(address);
-    if (listening.ok() && *listening != port)
-      return Status(Errc::kConnectionError, "connect to fake:" + where +
-                                                ": connection refused (the listener there has "
-                                                "port " +
-                                                std::to_string(*listening) + ")");
-  }
-  return fabric->connect(address, options, from);
-}
 
 void owner_persisted(const void* addr, size_t len) {
   if (auto fabric = installed_fabric()) fabric->mark_durable(addr, len);

@@ -276,14 +276,16 @@ void device_rd_atomic(const Endpoint& endpoint, uint8_t* initiator_depth,
 // ---- RdmaConnection ---------------------------------------------------------
 
 RdmaConnection::RdmaConnection(std::shared_ptr<Endpoint> endpoint, const ConnectionOptions& options,
-                               const WireParams& peer)
+                               const WireParams& peer,
+                               std::unique_ptr<AdmissionControl::Ticket> ticket)
     : endpoint_(std::move(endpoint)),
       options_(options),
       send_limit_(std::min(options.message_size, peer.message_size)),
       sq_depth_(options.max_outstanding),
       signal_every_(std::max<uint32_t>(1, options.max_outstanding / 4)),
       ring_(options.max_outstanding),
-      recv_posted_(options.recv_slots, true) {
+      recv_posted_(options.recv_slots, true),
+      ticket_(std::move(ticket)) {
   // rdma_cm leaves min_rnr_timer at 0, which IB encodes as 655 ms: a sender
   // that meets an empty receive queue would pause that long. 12 = 0.64 ms.
   // (Allowed RTS->RTS; a device that refuses keeps working, just slower.)
@@ -297,7 +299,25 @@ RdmaConnection::RdmaConnection(std::shared_ptr<Endpoint> endpoint, const Connect
   for (uint32_t s = slots; s > 0; --s) free_send_slots_.push_back(s - 1);
 }
 
-RdmaConnection::~RdmaConnection() { shutdown(); }
+RdmaConnection::~RdmaConnection() {
+  // First: the listener may disconnect our id until the ticket is gone.
+  ticket_.reset();
+  shutdown();
+}
+
+Status RdmaConnection::activate() {
+  if (ticket_ == nullptr) return Status::Ok();
+  ticket_->release();
+  bool evicted = ticket_->evicted();
+  ticket_.reset();
+  std::lock_guard lock(mu_);
+  if (evicted && !broken_)
+    mark_broken_locked(Errc::kClosed, "connection from " + endpoint_->peer +
+                                          " was closed to make room for newer connections (too "
+                                          "many unauthenticated connections)");
+  if (broken_) return flushed_status_locked("activate");
+  return Status::Ok();
+}
 
 Result<std::unique_ptr<MemoryRegion>> RdmaConnection::register_memory(void* addr, size_t len,
                                                                       uint32_t access,

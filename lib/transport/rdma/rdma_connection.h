@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "transport/admission.h"
 #include "transport/rdma/verbs.h"
 #include "transport/transport.h"
 
@@ -81,8 +82,11 @@ void device_rd_atomic(const Endpoint& endpoint, uint8_t* initiator_depth,
 
 class RdmaConnection final : public Connection {
  public:
+  // ticket: the connection's place among the listener's unauthenticated
+  // ones (passive side), released by activate() or destruction.
   RdmaConnection(std::shared_ptr<Endpoint> endpoint, const ConnectionOptions& options,
-                 const WireParams& peer);
+                 const WireParams& peer,
+                 std::unique_ptr<AdmissionControl::Ticket> ticket = nullptr);
   ~RdmaConnection() override;
 
   Result<std::unique_ptr<MemoryRegion>> register_memory(void* addr, size_t len, uint32_t access,
@@ -99,7 +103,8 @@ class RdmaConnection final : public Connection {
   void shutdown() override;
   const ConnectionOptions& options() const override { return options_; }
   std::string peer_address() const override { return endpoint_->peer; }
-  Kind kind() const override { return Kind::kRdma; }
+  // No threads to start: only leaves the listener's unauthenticated count.
+  Status activate() override;
 
  private:
   // One send-queue work request. ibv wr_id is its sequence number; the ring
@@ -150,6 +155,7 @@ class RdmaConnection final : public Connection {
   bool room_freed_ = false;  // ... and room was reclaimed since
   Status broken_reason_;
   std::mutex poll_mu_;  // one poller sleeps at a time
+  std::unique_ptr<AdmissionControl::Ticket> ticket_;  // owner's thread only
 };
 
 }  // namespace pmirror::transport::rdma

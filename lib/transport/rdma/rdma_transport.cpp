@@ -8,6 +8,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -15,9 +16,14 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <deque>
+#include <map>
 
+#include "common/log_limit.h"
+#include "transport/admission.h"
 #include "transport/rdma/rdma_connection.h"
 #include "transport/rdma/verbs.h"
+#include "transport/registry.h"
 
 namespace pmirror::transport {
 namespace rdma {
@@ -128,6 +134,58 @@ std::string peer_reject_text(const WireParams& p) {
 
 // ---- active side --------------------------------------------------------
 
+// One resolution step of the active side (rdma_resolve_addr, then
+// rdma_resolve_route): the event that completes it and the one that fails it.
+struct ResolveStep {
+  rdma_cm_event_type resolved;
+  rdma_cm_event_type failed;
+  std::string_view doing;  // "resolving the address", for messages
+  std::string failure;     // what a failed step's errno is reported with
+};
+
+// Waits for the outcome of `step`: ok, or why it failed (`on_timeout` when
+// the deadline passed or the step itself timed out).
+Status await_resolved(rdma_event_channel* channel, rdma_cm_id* id, Clock::time_point deadline,
+                      const std::string& target, const Status& on_timeout,
+                      const ResolveStep& step) {
+  auto event = next_event(channel, deadline, step.doing);
+  if (!event.ok()) return event.status().code() == Errc::kTimeout ? on_timeout : event.status();
+  const rdma_cm_event_type type = (*event)->event;
+  const int status = (*event)->status;
+  if (type == step.resolved) return Status::Ok();
+  if (type == step.failed) {
+    if (-status == ETIMEDOUT) return on_timeout;
+    return errno_status(Errc::kConnectionError, step.failure, -status);
+  }
+  switch (type) {
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+      return Status(Errc::kConnectionError, "rdma connect to " + target + ": device " +
+                                                device_name(id->verbs) + " was removed");
+    case RDMA_CM_EVENT_ADDR_CHANGE:
+      return Status(Errc::kConnectionError, "rdma connect to " + target +
+                                                ": the local address changed while " +
+                                                std::string(step.doing) + "; retry");
+    case RDMA_CM_EVENT_ADDR_RESOLVED:  // the other step's
+    case RDMA_CM_EVENT_ADDR_ERROR:
+    case RDMA_CM_EVENT_ROUTE_RESOLVED:
+    case RDMA_CM_EVENT_ROUTE_ERROR:
+    case RDMA_CM_EVENT_CONNECT_REQUEST:
+    case RDMA_CM_EVENT_CONNECT_RESPONSE:
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+    case RDMA_CM_EVENT_UNREACHABLE:
+    case RDMA_CM_EVENT_REJECTED:
+    case RDMA_CM_EVENT_ESTABLISHED:
+    case RDMA_CM_EVENT_DISCONNECTED:
+    case RDMA_CM_EVENT_MULTICAST_JOIN:
+    case RDMA_CM_EVENT_MULTICAST_ERROR:
+    case RDMA_CM_EVENT_TIMEWAIT_EXIT:
+      break;
+  }
+  return Status(Errc::kConnectionError, "rdma connect to " + target + ": unexpected " +
+                                            rdma_event_str(type) + " while " +
+                                            std::string(step.doing));
+}
+
 Result<std::unique_ptr<Connection>> connect_impl(const std::string& address, uint16_t port,
                                                  const ConnectionOptions& options) {
   const std::string target = endpoint_text(address, port);
@@ -150,83 +208,18 @@ Result<std::unique_ptr<Connection>> connect_impl(const std::string& address, uin
 
   if (rdma_resolve_addr(id.get(), nullptr, ai.ai_addr, ms_left(deadline)) != 0)
     return errno_status(Errc::kConnectionError, "rdma_resolve_addr " + target, errno);
-  {
-    auto event = next_event(channel.get(), deadline, "address resolution");
-    if (!event.ok()) {
-      if (event.status().code() == Errc::kTimeout) return timed_out("resolving the address");
-      return event.status();
-    }
-    const int status = (*event)->status;
-    switch ((*event)->event) {
-      case RDMA_CM_EVENT_ADDR_RESOLVED:
-        break;
-      case RDMA_CM_EVENT_ADDR_ERROR:
-        if (-status == ETIMEDOUT) return timed_out("resolving the address");
-        return errno_status(
-            Errc::kConnectionError,
-            "rdma_resolve_addr " + target + " (no RDMA device reaches that address?)", -status);
-      case RDMA_CM_EVENT_ROUTE_RESOLVED:
-      case RDMA_CM_EVENT_ROUTE_ERROR:
-      case RDMA_CM_EVENT_CONNECT_REQUEST:
-      case RDMA_CM_EVENT_CONNECT_RESPONSE:
-      case RDMA_CM_EVENT_CONNECT_ERROR:
-      case RDMA_CM_EVENT_UNREACHABLE:
-      case RDMA_CM_EVENT_REJECTED:
-      case RDMA_CM_EVENT_ESTABLISHED:
-      case RDMA_CM_EVENT_DISCONNECTED:
-      case RDMA_CM_EVENT_DEVICE_REMOVAL:
-      case RDMA_CM_EVENT_MULTICAST_JOIN:
-      case RDMA_CM_EVENT_MULTICAST_ERROR:
-      case RDMA_CM_EVENT_ADDR_CHANGE:
-      case RDMA_CM_EVENT_TIMEWAIT_EXIT:
-        return Status(Errc::kConnectionError, "rdma connect to " + target + ": unexpected " +
-                                                  rdma_event_str((*event)->event) +
-                                                  " while resolving the address");
-    }
-  }
+  PMIRROR_RETURN_IF_ERROR(await_resolved(
+      channel.get(), id.get(), deadline, target, timed_out("resolving the address"),
+      {RDMA_CM_EVENT_ADDR_RESOLVED, RDMA_CM_EVENT_ADDR_ERROR, "resolving the address",
+       "rdma_resolve_addr " + target + " (no RDMA device reaches that address?)"}));
 
   if (rdma_resolve_route(id.get(), ms_left(deadline)) != 0)
     return errno_status(Errc::kConnectionError,
                         "rdma_resolve_route " + target + " on " + device_name(id->verbs), errno);
-  {
-    auto event = next_event(channel.get(), deadline, "route resolution");
-    if (!event.ok()) {
-      if (event.status().code() == Errc::kTimeout) return timed_out("resolving the route");
-      return event.status();
-    }
-    const int status = (*event)->status;
-    switch ((*event)->event) {
-      case RDMA_CM_EVENT_ROUTE_RESOLVED:
-        break;
-      case RDMA_CM_EVENT_ROUTE_ERROR:
-        if (-status == ETIMEDOUT) return timed_out("resolving the route");
-        return errno_status(Errc::kConnectionError,
-                            "rdma_resolve_route " + target + " on " + device_name(id->verbs),
-                            -status);
-      case RDMA_CM_EVENT_DEVICE_REMOVAL:
-        return Status(Errc::kConnectionError, "rdma connect to " + target + ": device " +
-                                                  device_name(id->verbs) + " was removed");
-      case RDMA_CM_EVENT_ADDR_CHANGE:
-        return Status(Errc::kConnectionError, "rdma connect to " + target +
-                                                  ": the local address changed while resolving "
-                                                  "the route; retry");
-      case RDMA_CM_EVENT_ADDR_RESOLVED:
-      case RDMA_CM_EVENT_ADDR_ERROR:
-      case RDMA_CM_EVENT_CONNECT_REQUEST:
-      case RDMA_CM_EVENT_CONNECT_RESPONSE:
-      case RDMA_CM_EVENT_CONNECT_ERROR:
-      case RDMA_CM_EVENT_UNREACHABLE:
-      case RDMA_CM_EVENT_REJECTED:
-      case RDMA_CM_EVENT_ESTABLISHED:
-      case RDMA_CM_EVENT_DISCONNECTED:
-      case RDMA_CM_EVENT_MULTICAST_JOIN:
-      case RDMA_CM_EVENT_MULTICAST_ERROR:
-      case RDMA_CM_EVENT_TIMEWAIT_EXIT:
-        return Status(Errc::kConnectionError, "rdma connect to " + target + ": unexpected " +
-                                                  rdma_event_str((*event)->event) +
-                                                  " while resolving the route");
-    }
-  }
+  PMIRROR_RETURN_IF_ERROR(await_resolved(
+      channel.get(), id.get(), deadline, target, timed_out("resolving the route"),
+      {RDMA_CM_EVENT_ROUTE_RESOLVED, RDMA_CM_EVENT_ROUTE_ERROR, "resolving the route",
+       "rdma_resolve_route " + target + " on " + device_name(id->verbs)}));
 
   // The endpoint owns channel and id from here on.
   auto ep = std::make_shared<Endpoint>();
@@ -330,6 +323,11 @@ Status probe_registration(ibv_context* ctx, void* addr, size_t len, uint32_t acc
   return mr.ok() ? Status::Ok() : mr.status();
 }
 
+// The passive side. A CONNECT_REQUEST takes an admission ticket (caps, as
+// the tcp listener), gets its QP and rdma_accept at once, and then waits
+// for ESTABLISHED in pending_ with a deadline -- never on the accepting
+// thread. One epoll set watches the listening channel, the shutdown eventfd
+// and every pending connection's channel.
 class RdmaListener final : public Listener {
  public:
   Status check_registrable(void* addr, size_t len, uint32_t access) override {
@@ -349,33 +347,112 @@ class RdmaListener final : public Listener {
     return result;
   }
 
-  RdmaListener(Fd wake, EventChannel channel, CmId id, ConnectionOptions options, std::string where)
+  RdmaListener(Fd wake, Fd epoll, EventChannel channel, CmId id, ConnectionOptions options,
+               std::string where, const AdmissionOptions& admission)
       : wake_(std::move(wake)),
+        epoll_(std::move(epoll)),
         channel_(std::move(channel)),
         id_(std::move(id)),
         options_(options),
-        where_(std::move(where)) {}
+        where_(std::move(where)),
+        control_(AdmissionControl::create(admission)) {}
 
-  ~RdmaListener() override { shutdown(); }
+  ~RdmaListener() override {
+    shutdown();
+    pending_.clear();  // before the listening id and channel go
+  }
 
   Result<std::unique_ptr<Connection>> accept(std::chrono::milliseconds timeout) override {
     const auto deadline = Clock::now() + timeout;
-    for (;;) {
+    for (bool first = true;; first = false) {
       if (closed_.load())
         return Status(Errc::kClosed, "rdma listener on " + where_ + " is shut down");
-      auto event = next_event(channel_.get(), deadline, "an initiator", wake_.get());
-      if (!event.ok()) {
-        if (event.status().code() == Errc::kTimeout) return std::unique_ptr<Connection>();
-        if (event.status().code() == Errc::kClosed)
-          return Status(Errc::kClosed, "rdma listener on " + where_ + " is shut down");
-        return event.status().with_context("rdma listener on " + where_);
+      const auto now = Clock::now();
+      expire(now);
+      if (uint64_t n = evicted_log_.unreported(now))
+        spdlog::warn(
+            "rdma listener on {}: closed {} more unauthenticated connection(s) in the "
+            "last {} s to make room for newer ones",
+            where_, n, kLogInterval.count());
+      if (!ready_.empty()) {
+        std::unique_ptr<Connection> c = std::move(ready_.front());
+        ready_.pop_front();
+        return c;
       }
-      switch ((*event)->event) {
+      if (!failures_.empty()) {
+        Status failed = std::move(failures_.front());
+        failures_.pop_front();
+        return failed;
+      }
+      if (!first && now >= deadline) return std::unique_ptr<Connection>();
+      auto wake_at = deadline;
+      for (auto& [fd, p] : pending_) wake_at = std::min(wake_at, p->deadline);
+      epoll_event events[32];
+      const int n = ::epoll_wait(epoll_.get(), events, 32, ms_left(wake_at));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return errno_status(Errc::kIoError, "rdma listener on " + where_ + ": epoll_wait", errno);
+      }
+      for (int i = 0; i < n; ++i) {
+        const int fd = events[i].data.fd;
+        if (fd == wake_.get())
+          return Status(Errc::kClosed, "rdma listener on " + where_ + " is shut down");
+        if (fd == channel_->fd) {
+          if (Status listened = drain_listener(); !listened.ok()) return listened;
+        } else {
+          progress(fd);
+        }
+      }
+    }
+  }
+
+  int wait_fd() const override { return epoll_.get(); }
+  AdmissionCounters admission() const override { return control_->counters(); }
+  uint16_t port() const override { return ntohs(rdma_get_src_port(id_.get())); }
+
+  void shutdown() override {
+    if (closed_.exchange(true)) return;
+    const uint64_t one = 1;
+    if (::write(wake_.get(), &one, sizeof(one)) < 0)
+      spdlog::warn("rdma listener on {}: cannot wake accept: {}", where_, std::strerror(errno));
+  }
+
+ private:
+  static constexpr std::chrono::seconds kLogInterval{10};
+  static constexpr size_t kMaxQueuedFailures = 64;
+
+  // Accepted (rdma_accept sent), waiting for ESTABLISHED.
+  struct Pending {
+    std::shared_ptr<Endpoint> ep;
+    WireParams theirs;
+    std::string context;
+    Clock::time_point deadline;
+    // Last: destroyed first, before the id its eviction disconnects.
+    std::unique_ptr<AdmissionControl::Ticket> ticket;
+  };
+
+  void failed(Status why) {
+    control_->count_failed();
+    if (failures_.size() < kMaxQueuedFailures) failures_.push_back(std::move(why));
+  }
+
+  // Every event of the listening channel (non-blocking).
+  Status drain_listener() {
+    for (;;) {
+      rdma_cm_event* raw = nullptr;
+      if (rdma_get_cm_event(channel_.get(), &raw) != 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::Ok();
+        return errno_status(Errc::kIoError, "rdma listener on " + where_ + ": rdma_get_cm_event",
+                            errno);
+      }
+      CmEvent event(raw);
+      switch (event->event) {
         case RDMA_CM_EVENT_CONNECT_REQUEST:
-          return accept_request(std::move(*event));
+          if (Status started = accept_request(std::move(event)); !started.ok()) failed(started);
+          break;
         case RDMA_CM_EVENT_DEVICE_REMOVAL:
           return Status(Errc::kConnectionError, "rdma listener on " + where_ + ": device " +
-                                                    device_name((*event)->id->verbs) +
+                                                    device_name(event->id->verbs) +
                                                     " was removed; recreate the listener");
         case RDMA_CM_EVENT_ADDR_CHANGE:  // the bound address moved; listening continues
         case RDMA_CM_EVENT_TIMEWAIT_EXIT:
@@ -394,29 +471,19 @@ class RdmaListener final : public Listener {
         case RDMA_CM_EVENT_MULTICAST_ERROR:
           // Accepted ids live on their own channels; only a request that
           // failed before migration could leave an event here.
-          spdlog::debug("rdma listener on {}: ignoring {}", where_,
-                        rdma_event_str((*event)->event));
+          spdlog::debug("rdma listener on {}: ignoring {}", where_, rdma_event_str(event->event));
           break;
       }
     }
   }
 
-  uint16_t port() const override { return ntohs(rdma_get_src_port(id_.get())); }
-
-  void shutdown() override {
-    if (closed_.exchange(true)) return;
-    const uint64_t one = 1;
-    if (::write(wake_.get(), &one, sizeof(one)) < 0)
-      spdlog::warn("rdma listener on {}: cannot wake accept: {}", where_, std::strerror(errno));
-  }
-
- private:
-  // Builds the connection for one CONNECT_REQUEST. Errors concern that
-  // initiator only: the listener stays usable.
-  Result<std::unique_ptr<Connection>> accept_request(CmEvent event) {
+  // Builds the connection for one CONNECT_REQUEST and accepts it; the
+  // ESTABLISHED that completes it is awaited in pending_. Errors concern
+  // that initiator only: the listener stays usable.
+  Status accept_request(CmEvent event) {
     CmId id(event->id);  // a request's id is ours to destroy
+    const sockaddr* sa = rdma_get_peer_addr(id.get());
     const std::string peer = [&] {
-      const sockaddr* sa = rdma_get_peer_addr(id.get());
       char host[INET6_ADDRSTRLEN] = "?";
       uint16_t p = 0;
       if (sa->sa_family == AF_INET) {
@@ -430,6 +497,8 @@ class RdmaListener final : public Listener {
       }
       return endpoint_text(host, p);
     }();
+    const std::string source = admission_source(
+        sa, sa->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in));
     const std::string context = "accepting rdma connection from " + peer;
     auto theirs =
         WireParams::decode(event->param.conn.private_data, event->param.conn.private_data_len);
@@ -464,8 +533,30 @@ class RdmaListener final : public Listener {
                                             std::to_string(options_.message_size))
           .with_context(context);
     }
+    // Counted from here on (the QP is the expensive part); a full house
+    // makes room by closing the oldest unauthenticated connection.
+    rdma_cm_id* raw_id = id.get();
+    bool made_room = false;
+    auto ticket = control_->admit(
+        source, [raw_id] { rdma_disconnect(raw_id); }, &made_room);
+    if (made_room) {
+      sweep_evicted();
+      if (evicted_log_.count()) {
+        const AdmissionOptions& o = control_->options();
+        spdlog::warn(
+            "rdma listener on {}: too many unauthenticated connections (max_unauthenticated {}, "
+            "max_unauthenticated_per_source {}): closed the oldest to make room for {}; further "
+            "ones are counted (pmirrorctl status: admission)",
+            where_, o.max_unauthenticated, o.max_unauthenticated_per_source, peer);
+      }
+    }
     auto channel = make_channel();
-    if (!channel.ok()) return reject(WireParams::kRejectResources, channel.status());
+    if (!channel.ok()) {
+      // Out of descriptors or memory (nothing else fails there): the
+      // oldest stranger gives its up for the next initiator.
+      if (control_->evict_one()) sweep_evicted();
+      return reject(WireParams::kRejectResources, channel.status());
+    }
     rdma_event_channel* ch = channel->get();
     // Each connection gets its own channel so its poll() sees its events only.
     if (rdma_migrate_id(id.get(), ch) != 0)
@@ -504,26 +595,64 @@ class RdmaListener final : public Listener {
       return errno_status(Errc::kConnectionError, "rdma_accept on " + ep->device, errno)
           .with_context(context);
 
-    const auto deadline = Clock::now() + options_.connect_timeout;
-    auto established = next_event(ch, deadline, "the initiator to complete the handshake");
-    if (!established.ok()) return established.status().with_context(context);
-    const rdma_cm_event& ev = *established->get();
+    const int fd = ep->channel->fd;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0)
+      return errno_status(Errc::kResourceExhausted, "epoll_ctl", errno).with_context(context);
+    auto p = std::make_unique<Pending>();
+    p->ep = std::move(ep);
+    p->theirs = *theirs;
+    p->context = context;
+    p->deadline = Clock::now() + control_->options().handshake_timeout;
+    p->ticket = std::move(ticket);
+    pending_[fd] = std::move(p);
+    return Status::Ok();
+  }
+
+  // The next event of a pending connection's channel.
+  void progress(int fd) {
+    auto it = pending_.find(fd);
+    if (it == pending_.end()) return;
+    Pending& p = *it->second;
+    if (p.ticket->evicted()) {
+      pending_.erase(it);
+      return;
+    }
+    rdma_cm_event* raw = nullptr;
+    if (rdma_get_cm_event(p.ep->channel.get(), &raw) != 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      failed(errno_status(Errc::kIoError, "rdma_get_cm_event", errno).with_context(p.context));
+      pending_.erase(it);
+      return;
+    }
+    CmEvent event(raw);
+    const rdma_cm_event& ev = *event.get();
+    Status why;
     switch (ev.event) {
-      case RDMA_CM_EVENT_ESTABLISHED:
-        return std::unique_ptr<Connection>(new RdmaConnection(ep, options_, *theirs));
+      case RDMA_CM_EVENT_ESTABLISHED: {
+        event.reset();
+        ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
+        auto node = pending_.extract(it);
+        Pending& done = *node.mapped();
+        ready_.push_back(std::unique_ptr<Connection>(
+            new RdmaConnection(done.ep, options_, done.theirs, std::move(done.ticket))));
+        return;
+      }
       case RDMA_CM_EVENT_CONNECT_ERROR:
       case RDMA_CM_EVENT_UNREACHABLE:
-        return errno_status(Errc::kConnectionError, std::string(rdma_event_str(ev.event)),
-                            -ev.status)
-            .with_context(context);
+        why =
+            errno_status(Errc::kConnectionError, std::string(rdma_event_str(ev.event)), -ev.status);
+        break;
       case RDMA_CM_EVENT_REJECTED:
       case RDMA_CM_EVENT_DISCONNECTED:
-        return Status(Errc::kConnectionError,
-                      std::string("the initiator went away: ") + rdma_event_str(ev.event))
-            .with_context(context);
+        why = Status(Errc::kConnectionError,
+                     std::string("the initiator went away: ") + rdma_event_str(ev.event));
+        break;
       case RDMA_CM_EVENT_DEVICE_REMOVAL:
-        return Status(Errc::kConnectionError, "device " + ep->device + " was removed")
-            .with_context(context);
+        why = Status(Errc::kConnectionError, "device " + p.ep->device + " was removed");
+        break;
       case RDMA_CM_EVENT_ADDR_RESOLVED:
       case RDMA_CM_EVENT_ADDR_ERROR:
       case RDMA_CM_EVENT_ROUTE_RESOLVED:
@@ -534,27 +663,71 @@ class RdmaListener final : public Listener {
       case RDMA_CM_EVENT_MULTICAST_ERROR:
       case RDMA_CM_EVENT_ADDR_CHANGE:
       case RDMA_CM_EVENT_TIMEWAIT_EXIT:
+        why = Status(Errc::kConnectionError, std::string("unexpected ") + rdma_event_str(ev.event) +
+                                                 " during the handshake");
         break;
     }
-    return Status(Errc::kConnectionError,
-                  std::string("unexpected ") + rdma_event_str(ev.event) + " during the handshake")
-        .with_context(context);
+    event.reset();
+    failed(why.with_context(p.context));
+    pending_.erase(it);
   }
 
-  Fd wake_;  // eventfd: shutdown() wakes a blocked accept()
+  void expire(Clock::time_point now) {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (now < it->second->deadline) {
+        ++it;
+        continue;
+      }
+      control_->count_timed_out();
+      if (failures_.size() < kMaxQueuedFailures)
+        failures_.push_back(
+            Status(Errc::kTimeout, "timed out waiting for the initiator to complete the handshake")
+                .with_context(it->second->context));
+      it = pending_.erase(it);
+    }
+  }
+
+  void sweep_evicted() {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second->ticket->evicted()) {
+        it = pending_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  Fd wake_;   // eventfd: shutdown() wakes a blocked accept()
+  Fd epoll_;  // the listening channel, wake_, every pending channel
   EventChannel channel_;
   CmId id_;
   const ConnectionOptions options_;
   const std::string where_;
+  std::shared_ptr<AdmissionControl> control_;
   std::atomic<bool> closed_{false};
+  // Below: only the thread in accept() touches these.
+  std::map<int, std::unique_ptr<Pending>> pending_;  // by channel descriptor
+  std::deque<std::unique_ptr<Connection>> ready_;
+  std::deque<Status> failures_;
+  LogLimiter evicted_log_{kLogInterval, 1};
 };
 
 Result<std::unique_ptr<Listener>> listen_impl(const std::string& address, uint16_t port,
-                                              const ConnectionOptions& options) {
+                                              const ConnectionOptions& options,
+                                              const AdmissionOptions& admission) {
   const std::string where = endpoint_text(address, port);
   Fd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (wake.get() < 0) return errno_status(Errc::kIoError, "eventfd", errno);
+  Fd epoll(epoll_create1(EPOLL_CLOEXEC));
+  if (epoll.get() < 0) return errno_status(Errc::kIoError, "epoll_create1", errno);
   PMIRROR_ASSIGN_OR_RETURN(EventChannel channel, make_channel());
+  for (int watched : {wake.get(), channel->fd}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = watched;
+    if (epoll_ctl(epoll.get(), EPOLL_CTL_ADD, watched, &ev) != 0)
+      return errno_status(Errc::kIoError, "epoll_ctl", errno);
+  }
   rdma_cm_id* raw_id = nullptr;
   if (rdma_create_id(channel.get(), &raw_id, nullptr, RDMA_PS_TCP) != 0)
     return errno_status(Errc::kIoError, "rdma_create_id", errno);
@@ -571,18 +744,20 @@ Result<std::unique_ptr<Listener>> listen_impl(const std::string& address, uint16
   if (rdma_listen(id.get(), 64) != 0)
     return errno_status(Errc::kConnectionError,
                         "rdma_listen " + where + " on " + device_name(id->verbs), errno);
-  return std::unique_ptr<Listener>(
-      new RdmaListener(std::move(wake), std::move(channel), std::move(id), options, where));
+  return std::unique_ptr<Listener>(new RdmaListener(std::move(wake), std::move(epoll),
+                                                    std::move(channel), std::move(id), options,
+                                                    where, admission));
 }
 
 }  // namespace
 }  // namespace rdma
 
 Result<std::unique_ptr<Listener>> rdma_listen(const std::string& address, uint16_t port,
-                                              const ConnectionOptions& options) {
+                                              const ConnectionOptions& options,
+                                              const AdmissionOptions& admission) {
   PMIRROR_RETURN_IF_ERROR(rdma::validate(options));
   PMIRROR_RETURN_IF_ERROR(rdma::require_device());
-  return rdma::listen_impl(address, port, options);
+  return rdma::listen_impl(address, port, options, admission);
 }
 
 Result<std::unique_ptr<Connection>> rdma_connect(const std::string& address, uint16_t port,
@@ -590,6 +765,17 @@ Result<std::unique_ptr<Connection>> rdma_connect(const std::string& address, uin
   PMIRROR_RETURN_IF_ERROR(rdma::validate(options));
   PMIRROR_RETURN_IF_ERROR(rdma::require_device());
   return rdma::connect_impl(address, port, options);
+}
+
+void register_rdma(Registry& registry) {
+  Provider rdma;
+  rdma.kind = Kind::kRdma;
+  // A Read proves the Writes were placed; durable only on pmem with a
+  // platform that writes through (target::offered_methods decides per volume).
+  rdma.capabilities.read_flushes_writes_on_any_backing = false;
+  rdma.listen = rdma_listen;
+  rdma.connect = rdma_connect;
+  registry.add(std::move(rdma));
 }
 
 }  // namespace pmirror::transport

@@ -1,5 +1,5 @@
 // Entry points of the rdma implementation of the transport seam
-// (librdmacm + libibverbs). transport.cpp dispatches Kind::kRdma here.
+// (librdmacm + libibverbs), registered for Kind::kRdma by register_rdma.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +12,8 @@
 namespace pmirror::transport {
 
 Result<std::unique_ptr<Listener>> rdma_listen(const std::string& address, uint16_t port,
-                                              const ConnectionOptions& options);
+                                              const ConnectionOptions& options,
+                                              const AdmissionOptions& admission = {});
 Result<std::unique_ptr<Connection>> rdma_connect(const std::string& address, uint16_t port,
                                                  const ConnectionOptions& options);
 

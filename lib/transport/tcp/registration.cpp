@@ -40,21 +40,20 @@ uint32_t RegistrationTable::add(std::byte* base, size_t length, uint32_t access,
   return rkey;
 }
 
-void RegistrationTable::remove(uint32_t rkey) {
+Status RegistrationTable::remove(uint32_t rkey) {
   std::unique_ptr<Reg> reg;
   {
     std::unique_lock lk(mu_);
     auto it = regs_.find(rkey);
-    if (it == regs_.end()) return;
+    if (it == regs_.end()) return Status::Ok();
     Reg* r = it->second.get();
     // Unlisted first so no new pin can start; then wait out the current ones.
     reg = std::move(it->second);
     regs_.erase(it);
     unpinned_.wait(lk, [&] { return r->pins == 0; });
   }
-  merge(reg->dirty);
-  if (reg->persist)
-    for (auto [off, len] : reg->dirty) reg->persist(reg->base + off, len);
+  reg->flushing.swap(reg->dirty);
+  return persist_ranges(*reg);
 }
 
 Result<RegistrationTable::Reg*> RegistrationTable::pin(uint32_t rkey, uint64_t addr, uint64_t len,
@@ -108,7 +107,7 @@ bool RegistrationTable::unpin_written(Reg* reg, uint64_t addr, uint64_t len) {
   return too_many;
 }
 
-void RegistrationTable::persist_all() {
+Status RegistrationTable::persist_all() {
   {
     std::lock_guard lk(mu_);
     persist_batch_.clear();
@@ -120,18 +119,30 @@ void RegistrationTable::persist_all() {
       persist_batch_.push_back(reg.get());
     }
   }
-  for (Reg* reg : persist_batch_) persist_ranges(*reg);
+  for (Reg* reg : persist_batch_) {
+    Status persisted = persist_ranges(*reg);
+    if (!persisted.ok() && persist_failure_.ok()) persist_failure_ = std::move(persisted);
+  }
   std::lock_guard lk(mu_);
   for (Reg* reg : persist_batch_)
     if (--reg->pins == 0) unpinned_.notify_all();
   persist_batch_.clear();
+  return persist_failure_;
 }
 
-void RegistrationTable::persist_ranges(Reg& reg) {
+Status RegistrationTable::persist_ranges(Reg& reg) {
   merge(reg.flushing);
-  if (reg.persist)
-    for (auto [off, len] : reg.flushing) reg.persist(reg.base + off, len);
+  Status first;
+  if (reg.persist) {
+    // Every range is tried even after a failure: what can still be made
+    // durable should be.
+    for (auto [off, len] : reg.flushing) {
+      Status persisted = reg.persist(reg.base + off, len);
+      if (!persisted.ok() && first.ok()) first = std::move(persisted);
+    }
+  }
   reg.flushing.clear();
+  return first;
 }
 
 void RegistrationTable::merge(std::vector<std::pair<uint64_t, uint64_t>>& ranges) {

@@ -41,8 +41,8 @@ class RegistrationTable {
   // Returns the new registration's rkey.
   uint32_t add(std::byte* base, size_t length, uint32_t access, PersistFn persist);
   // Revokes rkey: waits until nothing uses the region, persists what was
-  // written into it and not yet persisted.
-  void remove(uint32_t rkey);
+  // written into it and not yet persisted (the first failure is returned).
+  Status remove(uint32_t rkey);
 
   // Checks that the peer may `need` (kRemoteWrite/kRemoteRead) [addr, +len)
   // through rkey and pins the registration. The error names the problem.
@@ -53,17 +53,20 @@ class RegistrationTable {
   bool unpin_written(Reg* reg, uint64_t addr, uint64_t len);
 
   // Calls every registration's PersistFn on its ranges written since the last
-  // persist (merged). Called by the one receiver thread.
-  void persist_all();
+  // persist (merged). Called by the one receiver thread. Returns the first
+  // failure; once one failed, every later call returns it too (the ranges
+  // it dropped were not made durable, so no later flush can vouch for them).
+  Status persist_all();
 
  private:
   static void merge(std::vector<std::pair<uint64_t, uint64_t>>& ranges);
-  static void persist_ranges(Reg& reg);
+  static Status persist_ranges(Reg& reg);
 
   std::mutex mu_;
   std::condition_variable unpinned_;
   std::unordered_map<uint32_t, std::unique_ptr<Reg>> regs_;
   std::vector<Reg*> persist_batch_;  // persist_all scratch, capacity reused
+  Status persist_failure_;           // the first failed persist; receiver thread only
   uint32_t salt_ = 0;
   uint32_t counter_ = 0;
 };

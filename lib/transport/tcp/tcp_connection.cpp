@@ -1,5 +1,6 @@
 #include "transport/tcp/tcp_connection.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -7,6 +8,9 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <system_error>
+
+#include "common/fault.h"
 
 namespace pmirror::transport::tcp {
 
@@ -43,6 +47,9 @@ class FrameReader {
         if (r <= 0) {
           if (r < 0 && errno == EINTR) continue;
           err_ = r == 0 ? 0 : errno;
+          // The kernel could not store into the destination (a mapping
+          // whose file was truncated): where it stopped.
+          failed_at_ = reinterpret_cast<uintptr_t>(out);
           return false;
         }
         out += r;
@@ -66,6 +73,7 @@ class FrameReader {
     return true;
   }
   int err() const { return err_; }
+  uintptr_t failed_at() const { return failed_at_; }
 
  private:
   static constexpr size_t kBufSize = 64 * 1024;
@@ -75,12 +83,14 @@ class FrameReader {
   size_t begin_ = 0;
   size_t end_ = 0;
   int err_ = 0;
+  uintptr_t failed_at_ = 0;
 };
 
 }  // namespace
 
 TcpConnection::TcpConnection(UniqueFd fd, const ConnectionOptions& options, const Hello& peer,
-                             std::string peer_address)
+                             std::string peer_address,
+                             std::unique_ptr<AdmissionControl::Ticket> ticket)
     : options_(options),
       peer_(peer),
       peer_address_(std::move(peer_address)),
@@ -93,14 +103,95 @@ TcpConnection::TcpConnection(UniqueFd fd, const ConnectionOptions& options, cons
       responses_(2 * size_t{peer.max_outstanding} + 1),
       slots_(new std::byte[size_t{options.recv_slots} * options.message_size]),
       slot_state_(options.recv_slots, SlotState::kPosted),
-      posted_(options.recv_slots) {
+      posted_(options.recv_slots),
+      ticket_(std::move(ticket)) {
   for (uint32_t i = 0; i < options.recv_slots; ++i) posted_[i] = i;
   posted_count_ = options.recv_slots;
-  sender_ = std::thread([this] { sender_main(); });
-  receiver_ = std::thread([this] { receiver_main(); });
 }
 
-TcpConnection::~TcpConnection() { shutdown(); }
+TcpConnection::~TcpConnection() {
+  // First: the listener may shut our socket down until the ticket is gone.
+  ticket_.reset();
+  shutdown();
+}
+
+int TcpConnection::wait_fd() const {
+  std::lock_guard lk(mu_);
+  return dormant_ ? fd_.get() : -1;
+}
+
+Status TcpConnection::activate() {
+  std::unique_lock lk(mu_);
+  if (!dormant_) return Status::Ok();
+  if (ticket_ != nullptr) {
+    ticket_->release();  // authenticated: no longer the listener's to evict
+    if (ticket_->evicted() && !broken_)
+      dormant_fail_locked(Status(Errc::kClosed, "closed to make room for newer connections"));
+  }
+  if (broken_) return closed_status_locked();
+  if (in_got_ > 0 || in_payload_) {
+    dormant_fail_locked(Status(Errc::kProtocolError,
+                               "peer " + peer_address_ +
+                                   " was sending a frame when the session was set up (a pmirror "
+                                   "initiator waits for the target's answer); connection closed"));
+    return reason_;
+  }
+  // Sends the kernel could not take yet are finished here, before the
+  // threads start (the sender knows nothing of out_).
+  if (out_pos_ < out_.size()) {
+    Status sent = send_all_deadline(fd_.get(), out_.data() + out_pos_, out_.size() - out_pos_,
+                                    Clock::now() + options_.connect_timeout);
+    if (!sent.ok()) {
+      dormant_fail_locked(sent.with_context("connection to " + peer_address_ + " lost"));
+      return closed_status_locked();
+    }
+    for (uint64_t s = out_first_; s < next_unsent_; ++s) ring_[s % ring_.size()].done = true;
+    out_.clear();
+    out_pos_ = 0;
+    retire_locked();
+  }
+  if (Status blocking = set_nonblocking(fd_.get(), false); !blocking.ok()) {
+    dormant_fail_locked(blocking.with_context("connection to " + peer_address_));
+    return closed_status_locked();
+  }
+  dormant_ = false;
+  live_threads_ = 2;
+  lk.unlock();
+  // Out of threads (a task limit, memory): an error for this connection,
+  // never an exception through the daemon.
+  auto out_of_threads = [&](const std::system_error& e) {
+    return Status(Errc::kResourceExhausted,
+                  "connection to " + peer_address_ + ": cannot start its threads: " + e.what());
+  };
+  // Either way the connection stays dormant and usable, so that its owner
+  // can still tell the peer why it is refused.
+  auto stay_dormant = [&] {
+    std::lock_guard relock(mu_);
+    live_threads_ = 0;
+    dormant_ = true;
+    (void)set_nonblocking(fd_.get(), true);
+  };
+  try {
+    sender_ = std::thread([this] { sender_main(); });
+  } catch (const std::system_error& e) {
+    stay_dormant();
+    return out_of_threads(e);
+  }
+  try {
+    receiver_ = std::thread([this] { receiver_main(); });
+  } catch (const std::system_error& e) {
+    {
+      std::lock_guard relock(mu_);
+      stop_sender_ = true;  // it is idle: nothing was posted since it started
+    }
+    sender_cv_.notify_all();
+    sender_.join();
+    stay_dormant();
+    stop_sender_ = false;
+    return out_of_threads(e);
+  }
+  return Status::Ok();
+}
 
 Result<std::unique_ptr<MemoryRegion>> TcpConnection::register_memory(void* addr, size_t len,
                                                                      uint32_t access,
@@ -135,9 +226,22 @@ Result<const TcpMemoryRegion*> TcpConnection::check_local(const MemoryRegion& lo
   return mr;
 }
 
+namespace {
+Status not_active(const std::string& peer, std::string_view op) {
+  return Status(Errc::kFailedPrecondition,
+                std::string(op) + " on the connection from " + peer +
+                    ": the connection is dormant (its peer is not authenticated yet); only "
+                    "sends and receives work until activate()");
+}
+}  // namespace
+
 Status TcpConnection::post_write(const MemoryRegion& local, size_t local_offset, size_t len,
                                  const RemoteKey& remote, uint64_t remote_offset, uint64_t wr_id,
                                  bool signaled) {
+  {
+    std::lock_guard lk(mu_);
+    if (dormant_) return not_active(peer_address_, "post_write");
+  }
   PMIRROR_ASSIGN_OR_RETURN(auto* mr, check_local(local, local_offset, len, "post_write"));
   return post(Opcode::kWrite, wr_id, signaled, mr->base() + local_offset, len, &remote,
               remote_offset, {});
@@ -145,6 +249,10 @@ Status TcpConnection::post_write(const MemoryRegion& local, size_t local_offset,
 
 Status TcpConnection::post_read(const MemoryRegion& local, size_t local_offset, size_t len,
                                 const RemoteKey& remote, uint64_t remote_offset, uint64_t wr_id) {
+  {
+    std::lock_guard lk(mu_);
+    if (dormant_) return not_active(peer_address_, "post_read");
+  }
   PMIRROR_ASSIGN_OR_RETURN(auto* mr, check_local(local, local_offset, len, "post_read"));
   return post(Opcode::kRead, wr_id, true, mr->base() + local_offset, len, &remote, remote_offset,
               {});
@@ -165,12 +273,14 @@ Status TcpConnection::post(Opcode opcode, uint64_t wr_id, bool signaled, std::by
   {
     std::lock_guard lk(mu_);
     if (broken_) return closed_status_locked();
-    if (outstanding_ >= options_.max_outstanding)
+    if (outstanding_ >= options_.max_outstanding) {
+      room_wanted_ = true;
       return Status(Errc::kResourceExhausted, "send queue to " + peer_address_ +
                                                   " is full: " + std::to_string(outstanding_) +
                                                   " operations outstanding (max_outstanding " +
                                                   std::to_string(options_.max_outstanding) +
                                                   "); poll completions before posting more");
+    }
     Wr& w = ring_[tail_seq_ % ring_.size()];
     w.seq = tail_seq_;
     w.wr_id = wr_id;
@@ -205,6 +315,10 @@ Status TcpConnection::post(Opcode opcode, uint64_t wr_id, bool signaled, std::by
     encode(h, w.header.data());
     ++tail_seq_;
     ++outstanding_;
+    if (dormant_) {
+      dormant_send_locked();  // failures show as the send's completion
+      return Status::Ok();
+    }
     wake = sender_idle_;
   }
   if (wake) sender_cv_.notify_one();
@@ -213,11 +327,33 @@ Status TcpConnection::post(Opcode opcode, uint64_t wr_id, bool signaled, std::by
 
 Result<size_t> TcpConnection::poll(std::span<Completion> out, std::chrono::milliseconds timeout) {
   std::unique_lock lk(mu_);
-  if (cq_.empty() && !flushed_ && timeout.count() > 0 && !out.empty()) {
+  if (dormant_) {
+    // The caller's thread does the I/O; wait on the socket, not on threads.
+    auto deadline = Clock::now() + timeout;
+    for (;;) {
+      if (!broken_) dormant_io_locked();
+      if (!cq_.empty() || flushed_ || out.empty()) break;
+      // No slot to receive into (the application holds them all): nothing
+      // can arrive before it reposts one, which only this thread can do.
+      bool rnr = posted_count_ == 0 && in_got_ == 0 && !in_payload_;
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+      if (rnr || left.count() <= 0) break;
+      pollfd p{fd_.get(), static_cast<short>(POLLIN | (out_pos_ < out_.size() ? POLLOUT : 0)), 0};
+      lk.unlock();
+      int rc = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), INT32_MAX)));
+      int err = errno;
+      lk.lock();
+      if (rc < 0 && err != EINTR) {
+        dormant_fail_locked(
+            errno_status(Errc::kConnectionError, "connection to " + peer_address_ + ": poll", err));
+      }
+    }
+  } else if (cq_.empty() && !flushed_ && !room_made_ && timeout.count() > 0 && !out.empty()) {
     ++pollers_;
-    cq_cv_.wait_for(lk, timeout, [&] { return !cq_.empty() || flushed_; });
+    cq_cv_.wait_for(lk, timeout, [&] { return !cq_.empty() || flushed_ || room_made_; });
     --pollers_;
   }
+  room_made_ = false;
   size_t n = 0;
   while (n < out.size() && !cq_.empty()) {
     Cqe& e = cq_.front();
@@ -259,12 +395,24 @@ Status TcpConnection::repost_recv(uint32_t slot) {
 void TcpConnection::shutdown() {
   std::lock_guard once(shutdown_mu_);
   {
-    std::lock_guard lk(mu_);
+    std::unique_lock lk(mu_);
+    // The receiver refused a request and its ERROR frame is queued: that is
+    // the peer's only way to learn why (say, the failed msync that refused
+    // its flush), so give the sender a moment to emit it -- but never wait
+    // long for a peer that may not read.
+    if (error_frame_pending_ && !dormant_) {
+      error_frame_sent_.wait_for(lk, kErrorFrameGrace, [&] { return !error_frame_pending_; });
+    }
     if (!broken_) {
       broken_ = true;
       reason_ = Status(Errc::kClosed, "connection to " + peer_address_ + " was shut down locally");
     }
-    error_frame_pending_ = false;  // do not wait for a peer that may not read
+    error_frame_pending_ = false;
+    if (dormant_ && !flushed_) {
+      // No thread will flush the queues: do it here.
+      abandon_input_locked();
+      flush_locked();
+    }
   }
   sender_cv_.notify_all();
   receiver_cv_.notify_all();
@@ -319,6 +467,11 @@ void TcpConnection::retire_locked() {
       push_cqe_locked(std::move(c), true);
     } else {
       --outstanding_;
+      if (room_wanted_) {
+        room_wanted_ = false;
+        room_made_ = true;
+        if (pollers_ > 0) cq_cv_.notify_all();
+      }
     }
     ++head_seq_;
   }
@@ -350,6 +503,176 @@ void TcpConnection::flush_locked() {
   cq_cv_.notify_all();
 }
 
+// ---------------------------------------------------------------- dormant
+
+void TcpConnection::dormant_io_locked() {
+  if (ticket_ != nullptr && ticket_->evicted() && !broken_) {
+    dormant_fail_locked(
+        Status(Errc::kClosed, "connection from " + peer_address_ +
+                                  " was closed to make room for newer connections (too many "
+                                  "unauthenticated connections)"));
+    return;
+  }
+  dormant_send_locked();
+  if (!broken_) dormant_receive_locked();
+}
+
+void TcpConnection::dormant_send_locked() {
+  while (!broken_) {
+    if (out_pos_ == out_.size()) {
+      // Everything taken so far has left: those sends are complete.
+      for (uint64_t s = out_first_; s < next_unsent_; ++s) ring_[s % ring_.size()].done = true;
+      retire_locked();
+      out_.clear();
+      out_pos_ = 0;
+      if (next_unsent_ == tail_seq_) return;
+      out_first_ = next_unsent_;
+      for (; next_unsent_ < tail_seq_; ++next_unsent_) {
+        Wr& w = ring_[next_unsent_ % ring_.size()];
+        w.in_flight = true;
+        out_.insert(out_.end(), w.header.begin(), w.header.end());
+        const auto* m = reinterpret_cast<const uint8_t*>(w.message.data());
+        out_.insert(out_.end(), m, m + w.message.size());
+      }
+    }
+    ssize_t n = ::send(fd_.get(), out_.data() + out_pos_, out_.size() - out_pos_,
+                       MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      out_pos_ += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    dormant_fail_locked(errno_status(Errc::kConnectionError,
+                                     "connection to " + peer_address_ + " lost: send", errno));
+  }
+}
+
+Status TcpConnection::dormant_lost_locked(int err) {
+  if (ticket_ != nullptr && ticket_->evicted())
+    return Status(Errc::kClosed, "connection from " + peer_address_ +
+                                     " was closed to make room for newer connections (too many "
+                                     "unauthenticated connections)");
+  if (err == 0)
+    return Status(Errc::kConnectionError,
+                  "connection to " + peer_address_ + " lost: the peer closed the connection");
+  return errno_status(Errc::kConnectionError, "connection to " + peer_address_ + " lost: recv",
+                      err);
+}
+
+void TcpConnection::dormant_receive_locked() {
+  auto malformed = [&](const std::string& what) {
+    dormant_fail_locked(Status(
+        Errc::kProtocolError,
+        "peer " + peer_address_ + " sent a malformed frame (" + what + "); connection closed"));
+  };
+  // Reads up to n bytes into dst; >0 read, 0 nothing now, -1 broken.
+  auto read_some = [&](void* dst, size_t n) -> ssize_t {
+    for (;;) {
+      ssize_t r = ::recv(fd_.get(), dst, n, MSG_DONTWAIT);
+      if (r > 0) return r;
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+      dormant_fail_locked(dormant_lost_locked(r == 0 ? 0 : errno));
+      return -1;
+    }
+  };
+  while (!broken_) {
+    if (!in_payload_) {
+      // A new frame only when a slot can take it (RNR: leave it in the socket).
+      if (in_got_ == 0 && posted_count_ == 0) return;
+      ssize_t r = read_some(in_header_ + in_got_, kHeaderSize - in_got_);
+      if (r <= 0) return;
+      in_got_ += static_cast<size_t>(r);
+      if (in_got_ < kHeaderSize) continue;
+      in_frame_ = decode(in_header_);
+      in_got_ = 0;
+      const FrameHeader& h = in_frame_;
+      if (h.magic != kFrameMagic) return malformed("bad magic " + hex(h.magic));
+      switch (h.type) {
+        case FrameType::kSend:
+          if (h.length > options_.message_size)
+            return malformed("a message of " + std::to_string(h.length) +
+                             " bytes exceeds the receive buffer size " +
+                             std::to_string(options_.message_size));
+          in_slot_ = posted_[posted_head_];
+          posted_head_ = (posted_head_ + 1) % posted_.size();
+          --posted_count_;
+          slot_state_[in_slot_] = SlotState::kFilling;
+          break;
+        case FrameType::kError:
+          if (h.length > kMaxErrorText) return malformed("error text too long");
+          in_error_text_.assign(h.length, '\0');
+          break;
+        case FrameType::kWrite:
+        case FrameType::kReadReq:
+        case FrameType::kReadResp:
+          return malformed(std::string(h.type == FrameType::kWrite     ? "a Write"
+                                       : h.type == FrameType::kReadReq ? "a Read request"
+                                                                       : "a Read response") +
+                           " before the connection was activated (its peer is not "
+                           "authenticated)");
+        case FrameType::kHello:
+          return malformed("a second hello");
+        default:
+          return malformed("unknown frame type " + std::to_string(static_cast<int>(h.type)));
+      }
+      in_payload_ = true;
+      in_payload_got_ = 0;
+    }
+    const uint32_t length = in_frame_.length;
+    if (in_payload_got_ < length) {
+      void* dst = in_frame_.type == FrameType::kSend
+                      ? static_cast<void*>(slots_.get() + size_t{in_slot_} * options_.message_size +
+                                           in_payload_got_)
+                      : static_cast<void*>(in_error_text_.data() + in_payload_got_);
+      ssize_t r = read_some(dst, length - in_payload_got_);
+      if (r <= 0) return;
+      in_payload_got_ += static_cast<size_t>(r);
+      if (in_payload_got_ < length) continue;
+    }
+    in_payload_ = false;
+    if (in_frame_.type == FrameType::kError) {
+      auto code = static_cast<Errc>(in_frame_.errc);
+      if (in_frame_.errc == 0 || in_frame_.errc > static_cast<uint16_t>(Errc::kResourceExhausted))
+        code = Errc::kProtocolError;
+      dormant_fail_locked(Status(code, "peer " + peer_address_ + " refused wr_id " +
+                                           std::to_string(in_frame_.wr_id) + ": " +
+                                           in_error_text_));
+      return;
+    }
+    slot_state_[in_slot_] = SlotState::kOwnedByApp;
+    Completion c;
+    c.wr_id = in_slot_;
+    c.opcode = Opcode::kRecv;
+    c.byte_len = length;
+    push_cqe_locked(std::move(c), false);
+  }
+}
+
+void TcpConnection::abandon_input_locked() {
+  if (in_payload_ && in_frame_.type == FrameType::kSend &&
+      slot_state_[in_slot_] == SlotState::kFilling) {
+    // Back to the front of the queue, so the flush reports it.
+    posted_head_ = (posted_head_ + posted_.size() - 1) % posted_.size();
+    posted_[posted_head_] = in_slot_;
+    ++posted_count_;
+    slot_state_[in_slot_] = SlotState::kPosted;
+  }
+  in_payload_ = false;
+  in_got_ = 0;
+}
+
+void TcpConnection::dormant_fail_locked(Status why) {
+  if (!broken_) {
+    broken_ = true;
+    reason_ = std::move(why);
+  }
+  ::shutdown(fd_.get(), SHUT_RDWR);
+  abandon_input_locked();
+  if (!flushed_) flush_locked();
+}
+
 // ---------------------------------------------------------------- sender
 
 void TcpConnection::sender_main() {
@@ -361,11 +684,12 @@ void TcpConnection::sender_main() {
     bool final_error_frame = false;
     {
       std::unique_lock lk(mu_);
-      while (!broken_ && resp_count_ == 0 && next_unsent_ == tail_seq_) {
+      while (!broken_ && !stop_sender_ && resp_count_ == 0 && next_unsent_ == tail_seq_) {
         sender_idle_ = true;
         sender_cv_.wait(lk);
       }
       sender_idle_ = false;
+      if (stop_sender_) return;  // activate() could not start the receiver
       if (broken_) {
         if (!error_frame_pending_) break;
         // The receiver refused a request: emit the responses queued before
@@ -415,7 +739,10 @@ void TcpConnection::sender_main() {
         }
         retire_locked();
       }
-      if (final_error_frame) error_frame_pending_ = false;
+      if (final_error_frame) {
+        error_frame_pending_ = false;
+        error_frame_sent_.notify_all();
+      }
     }
     if (err != 0) {
       fail(errno_status(Errc::kConnectionError, "connection to " + peer_address_ + " lost: send",
@@ -445,8 +772,10 @@ void TcpConnection::sender_main() {
 void TcpConnection::receiver_main() {
   Status why = receive_loop();
   if (!why.ok()) fail(why);
-  // Whatever the peer wrote and we placed is made durable before we go.
-  table_->persist_all();
+  // Whatever the peer wrote and we placed is made durable before we go. A
+  // failure here has no Read left to fail: the PersistFn's owner records and
+  // logs it (transport.h).
+  (void)table_->persist_all();
   thread_exit();
 }
 
@@ -489,18 +818,37 @@ Status TcpConnection::receive_loop() {
           }
         }
         // Checked above: [addr, +length) lies inside the pinned registration.
-        bool ok = rd.read(reinterpret_cast<void*>(h.addr), h.length);
+        // Small payloads are copied from the read buffer: a fault on the
+        // registration's memory there (a volume whose file was truncated,
+        // a media error) is caught and refuses this Write (pmirrord
+        // installs the handler; see common/fault.h). Large ones are
+        // received into it by the kernel, which says EFAULT instead.
+        auto* dest = reinterpret_cast<void*>(h.addr);
+        bool ok = false;
+        auto fault = fault::guarded(dest, h.length, [&] { ok = rd.read(dest, h.length); });
+        if (!fault && !ok && rd.err() == EFAULT) fault = fault::Fault{rd.failed_at(), 0, EFAULT};
+        if (fault) {
+          table_->unpin(*reg);
+          return refuse(h, Opcode::kWrite, fault::report(*fault));
+        }
         bool persist_now = table_->unpin_written(*reg, h.addr, h.length);
         if (!ok) return lost();
-        if (persist_now) table_->persist_all();
+        if (persist_now) {
+          if (Status persisted = table_->persist_all(); !persisted.ok())
+            return refuse(h, Opcode::kWrite, persisted);
+        }
         break;
       }
       case FrameType::kReadReq: {
         auto reg = table_->pin(h.rkey, h.addr, h.length, kRemoteRead, "read");
         if (!reg.ok()) return refuse(h, Opcode::kRead, reg.status());
         // RC ordering + tcp durability: Writes before this Read are persisted
-        // before the Read is answered.
-        table_->persist_all();
+        // before the Read is answered -- or it is refused: a flush that did
+        // not make them durable must not complete.
+        if (Status persisted = table_->persist_all(); !persisted.ok()) {
+          table_->unpin(*reg);
+          return refuse(h, Opcode::kRead, persisted);
+        }
         enum { kQueued, kBroken, kOverflow } outcome = kQueued;
         bool wake = false;
         {

@@ -3,6 +3,7 @@
 // Semantics: see tcp_transport.h.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -12,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "transport/admission.h"
 #include "transport/tcp/registration.h"
 #include "transport/tcp/socket.h"
 #include "transport/tcp/wire.h"
@@ -24,7 +26,9 @@ class TcpMemoryRegion final : public MemoryRegion {
   TcpMemoryRegion(std::shared_ptr<RegistrationTable> table, std::byte* base, size_t length,
                   RemoteKey key)
       : table_(std::move(table)), base_(base), length_(length), key_(key) {}
-  ~TcpMemoryRegion() override { table_->remove(key_.rkey); }
+  // A persist failing here has nobody to report to: the PersistFn's owner
+  // records and logs it (transport.h).
+  ~TcpMemoryRegion() override { (void)table_->remove(key_.rkey); }
 
   std::byte* base() const override { return base_; }
   size_t length() const override { return length_; }
@@ -40,9 +44,14 @@ class TcpMemoryRegion final : public MemoryRegion {
 
 class TcpConnection final : public Connection {
  public:
-  // fd: connected, handshake done. Starts the threads.
+  // fd: connected, transport hello done, non-blocking. The connection
+  // starts DORMANT (transport.h): no threads, Send/Recv only, in the
+  // caller's thread; activate() starts the sender and receiver threads.
+  // ticket: the connection's place among the listener's unauthenticated
+  // ones (null on the connecting side), released by activate().
   TcpConnection(UniqueFd fd, const ConnectionOptions& options, const Hello& peer,
-                std::string peer_address);
+                std::string peer_address,
+                std::unique_ptr<AdmissionControl::Ticket> ticket = nullptr);
   ~TcpConnection() override;
 
   Result<std::unique_ptr<MemoryRegion>> register_memory(void* addr, size_t len, uint32_t access,
@@ -59,7 +68,8 @@ class TcpConnection final : public Connection {
   void shutdown() override;
   const ConnectionOptions& options() const override { return options_; }
   std::string peer_address() const override { return peer_address_; }
-  Kind kind() const override { return Kind::kTcp; }
+  Status activate() override;
+  int wait_fd() const override;
 
  private:
   static constexpr uint64_t kNoSeq = ~uint64_t{0};
@@ -101,6 +111,17 @@ class TcpConnection final : public Connection {
   Status post(Opcode opcode, uint64_t wr_id, bool signaled, std::byte* local, size_t len,
               const RemoteKey* remote, uint64_t remote_offset, std::span<const std::byte> message);
 
+  // Dormant mode: the owner's thread moves the bytes, under mu_, on the
+  // non-blocking socket. Frames are read exactly (never past the end of
+  // one), so nothing is buffered when the threads take over.
+  void dormant_io_locked();
+  void dormant_send_locked();
+  void dormant_receive_locked();
+  // Breaks a dormant connection: reason, socket shut, queues flushed.
+  void dormant_fail_locked(Status why);
+  void abandon_input_locked();
+  Status dormant_lost_locked(int err);
+
   void sender_main();
   void receiver_main();
   Status receive_loop();
@@ -132,10 +153,13 @@ class TcpConnection final : public Connection {
   bool receiver_waits_slot_ = false;
   bool receiver_waits_resp_ = false;
 
+  bool stop_sender_ = false;  // activate() failed halfway: the sender leaves quietly
   bool broken_ = false;
   bool error_frame_pending_ = false;
+  std::condition_variable error_frame_sent_;  // error_frame_pending_ went false
+  static constexpr std::chrono::milliseconds kErrorFrameGrace{200};
   bool flushed_ = false;
-  int live_threads_ = 2;
+  int live_threads_ = 0;  // sender + receiver, once active
   Status reason_;
   uint64_t culprit_ = kNoSeq;
 
@@ -146,6 +170,11 @@ class TcpConnection final : public Connection {
   uint64_t next_unsent_ = 0;
   uint64_t tail_seq_ = 0;
   uint32_t outstanding_ = 0;
+  // A post was refused for max_outstanding: the next unsignaled Write that
+  // leaves the queue wakes poll() (which then returns, possibly with 0), so
+  // that a caller waiting for room does not sleep to its timeout.
+  bool room_wanted_ = false;
+  bool room_made_ = false;  // since then; poll() returns at once and clears it
 
   // Responses queued by the receiver for the sender (FIFO ring). Sized for
   // the peer's declared max_outstanding reads plus one ERROR frame.
@@ -162,6 +191,20 @@ class TcpConnection final : public Connection {
   std::vector<uint32_t> posted_;  // FIFO ring of posted slots, consumed in posting order
   size_t posted_head_ = 0;
   size_t posted_count_ = 0;
+
+  // Dormant state (guarded by mu_; only the owner's activate() ends it).
+  bool dormant_ = true;
+  std::vector<uint8_t> out_;  // frames of the sends [out_first_, next_unsent_) being written
+  size_t out_pos_ = 0;        // bytes of out_ already written
+  uint64_t out_first_ = 0;
+  uint8_t in_header_[kHeaderSize] = {};
+  size_t in_got_ = 0;        // header bytes read
+  bool in_payload_ = false;  // reading the payload of in_frame_
+  FrameHeader in_frame_;
+  uint32_t in_slot_ = 0;  // SEND: the slot being filled
+  size_t in_payload_got_ = 0;
+  std::string in_error_text_;  // ERROR: the peer's text
+  std::unique_ptr<AdmissionControl::Ticket> ticket_;
 
   std::mutex shutdown_mu_;
   std::thread sender_;

@@ -1,15 +1,24 @@
 #include "transport/tcp/tcp_transport.h"
 
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <spdlog/spdlog.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <deque>
+#include <map>
 
+#include "common/log_limit.h"
+#include "transport/admission.h"
+#include "transport/registry.h"
 #include "transport/tcp/socket.h"
 #include "transport/tcp/tcp_connection.h"
 #include "transport/tcp/wire.h"
@@ -38,39 +47,31 @@ Status validate_options(const ConnectionOptions& o) {
   return Status::Ok();
 }
 
-// Both sides send HELLO, then read and check the peer's. Each side checks on
-// its own, so both get a clear error on a mismatch.
-Result<Hello> handshake(int fd, const ConnectionOptions& o, const std::string& peer,
-                        Clock::time_point deadline) {
-  PMIRROR_RETURN_IF_ERROR(set_nonblocking(fd, true));
-  uint8_t out[kHeaderSize + kHelloPayloadSize];
+// The hello both sides send first.
+void encode_hello(const ConnectionOptions& o, uint8_t* out) {
   FrameHeader h;
   h.type = FrameType::kHello;
   h.length = kHelloPayloadSize;
   encode(h, out);
   Hello mine{kProtocolVersion, o.message_size, o.recv_slots, o.max_outstanding};
   encode(mine, out + kHeaderSize);
-  auto context = [&](const Status& s) {
-    if (s.code() == Errc::kTimeout)
-      return Status(Errc::kTimeout, "handshake with " + peer +
-                                        " timed out (no pmirror tcp hello) — is the peer a "
-                                        "pmirror tcp endpoint?");
-    return s.with_context("handshake with " + peer);
-  };
-  Status s = send_all_deadline(fd, out, sizeof out, deadline);
-  if (!s.ok()) return context(s);
-  uint8_t in[kHeaderSize + kHelloPayloadSize];
-  s = recv_all_deadline(fd, in, kHeaderSize, deadline);
-  if (!s.ok()) return context(s);
-  FrameHeader ph = decode(in);
-  if (ph.magic != kFrameMagic || ph.type != FrameType::kHello || ph.length != kHelloPayloadSize)
-    return Status(Errc::kProtocolError,
-                  "handshake with " + peer +
-                      ": the peer does not speak the pmirror tcp transport (bad hello) — is it a "
-                      "pmirror endpoint configured for transport tcp?");
-  s = recv_all_deadline(fd, in + kHeaderSize, kHelloPayloadSize, deadline);
-  if (!s.ok()) return context(s);
-  Hello theirs = decode_hello(in + kHeaderSize);
+}
+
+Status bad_hello(const std::string& peer) {
+  return Status(Errc::kProtocolError,
+                "handshake with " + peer +
+                    ": the peer does not speak the pmirror tcp transport (bad hello) — is it a "
+                    "pmirror endpoint configured for transport tcp?");
+}
+
+bool hello_header_ok(const uint8_t* header) {
+  FrameHeader ph = decode(header);
+  return ph.magic == kFrameMagic && ph.type == FrameType::kHello && ph.length == kHelloPayloadSize;
+}
+
+// Checks the peer's hello against ours. Each side checks on its own, so
+// both get a clear error on a mismatch.
+Status check_hello(const Hello& theirs, const ConnectionOptions& o, const std::string& peer) {
   if (theirs.version != kProtocolVersion)
     return Status(Errc::kProtocolError, "handshake with " + peer + ": peer speaks tcp transport " +
                                             "version " + std::to_string(theirs.version) +
@@ -86,53 +87,112 @@ Result<Hello> handshake(int fd, const ConnectionOptions& o, const std::string& p
                   "handshake with " + peer + ": peer announced invalid limits (recv_slots " +
                       std::to_string(theirs.recv_slots) + ", max_outstanding " +
                       std::to_string(theirs.max_outstanding) + ")");
-  PMIRROR_RETURN_IF_ERROR(set_nonblocking(fd, false));
+  return Status::Ok();
+}
+
+// The connecting side's hello: both send, then read and check the peer's,
+// blocking until deadline (the initiator has a thread of its own for it).
+Result<Hello> handshake(int fd, const ConnectionOptions& o, const std::string& peer,
+                        Clock::time_point deadline) {
+  PMIRROR_RETURN_IF_ERROR(set_nonblocking(fd, true));
+  uint8_t out[kHeaderSize + kHelloPayloadSize];
+  encode_hello(o, out);
+  auto context = [&](const Status& s) {
+    if (s.code() == Errc::kTimeout)
+      return Status(Errc::kTimeout, "handshake with " + peer +
+                                        " timed out (no pmirror tcp hello) — is the peer a "
+                                        "pmirror tcp endpoint?");
+    return s.with_context("handshake with " + peer);
+  };
+  Status s = send_all_deadline(fd, out, sizeof out, deadline);
+  if (!s.ok()) return context(s);
+  uint8_t in[kHeaderSize + kHelloPayloadSize];
+  s = recv_all_deadline(fd, in, kHeaderSize, deadline);
+  if (!s.ok()) return context(s);
+  if (!hello_header_ok(in)) return bad_hello(peer);
+  s = recv_all_deadline(fd, in + kHeaderSize, kHelloPayloadSize, deadline);
+  if (!s.ok()) return context(s);
+  Hello theirs = decode_hello(in + kHeaderSize);
+  PMIRROR_RETURN_IF_ERROR(check_hello(theirs, o, peer));
   return theirs;
 }
 
+// How long the listener stops accepting after accept(2) ran out of file
+// descriptors or memory: long enough for the owner of an evicted
+// connection to close it, short enough that nobody waits noticeably.
+constexpr std::chrono::milliseconds kExhaustedBackoff{100};
+// Accepts taken per readiness of the listening socket, so that a flood
+// cannot keep the hellos already under way from progressing.
+constexpr int kAcceptBatch = 32;
+// Failed hellos kept for accept() to report; beyond, they are only counted.
+constexpr size_t kMaxQueuedFailures = 64;
+constexpr std::chrono::seconds kLogInterval{10};
+
+// The passive side. Every accepted socket is non-blocking and sits in
+// pending_ with a deadline until its hello has been sent and the peer's
+// received and checked; one epoll set watches the listening socket, the
+// shutdown eventfd and every pending socket, so a silent or slow peer holds
+// up nobody. Completed ones become dormant TcpConnections (ready_).
 class TcpListener final : public Listener {
  public:
-  TcpListener(UniqueFd fd, UniqueFd wake, uint16_t port, const ConnectionOptions& options)
-      : fd_(std::move(fd)), wake_(std::move(wake)), port_(port), options_(options) {}
+  TcpListener(UniqueFd fd, UniqueFd wake, UniqueFd epoll, uint16_t port, std::string where,
+              const ConnectionOptions& options, const AdmissionOptions& admission)
+      : fd_(std::move(fd)),
+        wake_(std::move(wake)),
+        epoll_(std::move(epoll)),
+        port_(port),
+        where_(std::move(where)),
+        options_(options),
+        control_(AdmissionControl::create(admission)) {
+    reopen_spare();
+  }
   ~TcpListener() override { shutdown(); }
 
   Result<std::unique_ptr<Connection>> accept(std::chrono::milliseconds timeout) override {
-    auto deadline = Clock::now() + timeout;
-    for (;;) {
-      if (closed_.load()) return Status(Errc::kClosed, "listener was shut down");
-      pollfd p[2] = {{fd_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      if (left.count() < 0) left = std::chrono::milliseconds(0);
-      int rc = ::poll(p, 2, static_cast<int>(std::min<int64_t>(left.count(), INT32_MAX)));
-      if (rc < 0) {
+    const auto deadline = Clock::now() + timeout;
+    for (bool first = true;; first = false) {
+      if (closed_.load()) return Status(Errc::kClosed, "listener on " + where_ + " was shut down");
+      auto now = Clock::now();
+      expire(now);
+      if (paused_ && now >= paused_until_) resume();
+      report(now);
+      if (!ready_.empty()) {
+        std::unique_ptr<Connection> c = std::move(ready_.front());
+        ready_.pop_front();
+        return c;
+      }
+      if (!failures_.empty()) {
+        Status failed = std::move(failures_.front());
+        failures_.pop_front();
+        return failed.with_context("accept");
+      }
+      if (!first && now >= deadline) return std::unique_ptr<Connection>();  // timeout
+      auto wake_at = deadline;
+      for (auto& [fd, p] : pending_) wake_at = std::min(wake_at, p->deadline);
+      if (paused_) wake_at = std::min(wake_at, paused_until_);
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(wake_at - now);
+      epoll_event events[64];
+      int n = ::epoll_wait(epoll_.get(), events, 64,
+                           static_cast<int>(std::clamp<int64_t>(left.count(), 0, INT32_MAX)));
+      if (n < 0) {
         if (errno == EINTR) continue;
-        return errno_status(Errc::kIoError, "accept: poll", errno);
+        return errno_status(Errc::kIoError, "listener on " + where_ + ": epoll_wait", errno);
       }
-      if (closed_.load() || (p[1].revents & POLLIN))
-        return Status(Errc::kClosed, "listener was shut down");
-      if (rc == 0) return std::unique_ptr<Connection>();  // timeout
-      sockaddr_storage ss{};
-      socklen_t len = sizeof ss;
-      int cfd = ::accept4(fd_.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_CLOEXEC);
-      if (cfd < 0) {
-        // Spurious wake-up, or the client gave up before we got to it.
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED ||
-            errno == EPROTO)
-          continue;
-        return errno_status(Errc::kConnectionError, "accept", errno);
+      for (int i = 0; i < n; ++i) {
+        int fd = events[i].data.fd;
+        if (fd == wake_.get())
+          return Status(Errc::kClosed, "listener on " + where_ + " was shut down");
+        if (fd == fd_.get()) {
+          accept_ready();
+        } else {
+          progress(fd);
+        }
       }
-      UniqueFd conn(cfd);
-      std::string peer = format_address(reinterpret_cast<sockaddr*>(&ss), len);
-      PMIRROR_RETURN_IF_ERROR(set_nodelay(conn.get()));
-      // The handshake has its own bound so a silent client cannot hold
-      // accept() beyond connect_timeout.
-      auto hello = handshake(conn.get(), options_, peer, Clock::now() + options_.connect_timeout);
-      if (!hello.ok()) return hello.status().with_context("accept");
-      return std::unique_ptr<Connection>(
-          new TcpConnection(std::move(conn), options_, *hello, std::move(peer)));
     }
   }
 
+  int wait_fd() const override { return epoll_.get(); }
+  AdmissionCounters admission() const override { return control_->counters(); }
   uint16_t port() const override { return port_; }
 
   void shutdown() override {
@@ -142,11 +202,292 @@ class TcpListener final : public Listener {
   }
 
  private:
+  struct Pending {
+    UniqueFd fd;
+    std::string peer;
+    Clock::time_point deadline;
+    uint8_t out[kHeaderSize + kHelloPayloadSize] = {};
+    size_t sent = 0;
+    uint8_t in[kHeaderSize + kHelloPayloadSize] = {};
+    size_t got = 0;
+    uint32_t watching = EPOLLIN;  // the epoll events registered for it
+    // Last: destroyed first, before the fd its eviction would shut down.
+    std::unique_ptr<AdmissionControl::Ticket> ticket;
+  };
+
+  void reopen_spare() {
+    if (!spare_.valid()) spare_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  }
+
+  void accept_ready() {
+    for (int i = 0; i < kAcceptBatch && !paused_; ++i) {
+      sockaddr_storage ss{};
+      socklen_t len = sizeof ss;
+      int cfd = ::accept4(fd_.get(), reinterpret_cast<sockaddr*>(&ss), &len,
+                          SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (cfd >= 0) {
+        admit(UniqueFd(cfd), ss, len);
+        continue;
+      }
+      int err = errno;
+      switch (err) {
+        case EAGAIN:
+#if EWOULDBLOCK != EAGAIN
+        case EWOULDBLOCK:
+#endif
+          return;
+        // The client gave up before we got to it: the next one.
+        case EINTR:
+        case ECONNABORTED:
+        case EPROTO:
+          continue;
+        case EMFILE:
+        case ENFILE:
+        case ENOBUFS:
+        case ENOMEM:
+          exhausted(err);
+          return;
+        default:
+          // Anything else (a firewall's EPERM, ...) concerns that attempt;
+          // back off rather than spin on it.
+          if (other_errors_.count())
+            spdlog::warn("listener on {}: accept: {}; pausing {} ms", where_, std::strerror(err),
+                         kExhaustedBackoff.count());
+          pause();
+          return;
+      }
+    }
+  }
+
+  // accept(2) failed for want of a file descriptor or memory: free one if
+  // an unauthenticated connection holds it, else take the waiting
+  // connection with the spare descriptor and close it at once; then stop
+  // accepting for a moment. Never a busy loop, never an exit.
+  void exhausted(int err) {
+    const char* what;
+    if (control_->evict_one()) {
+      sweep_evicted();
+      what = "closed the oldest unauthenticated connection";
+    } else {
+      spare_.reset();
+      int cfd = ::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (cfd >= 0) {
+        ::close(cfd);
+        control_->count_dropped();
+        what = "closed a new connection at once";
+      } else {
+        what = "could not take the connection";
+      }
+      reopen_spare();
+    }
+    if (exhausted_log_.count()) {
+      spdlog::warn(
+          "listener on {}: accept: {} ({}): {}; pausing {} ms (raise the file descriptor limit, "
+          "LimitNOFILE=, or lower max_unauthenticated)",
+          where_, std::strerror(err),
+          err == EMFILE   ? "the process's file descriptor limit"
+          : err == ENFILE ? "the system's file limit"
+                          : "out of memory",
+          what, kExhaustedBackoff.count());
+    }
+    pause();
+  }
+
+  void pause() {
+    paused_ = true;
+    paused_until_ = Clock::now() + kExhaustedBackoff;
+    epoll_event ev{};
+    ev.events = 0;
+    ev.data.fd = fd_.get();
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, fd_.get(), &ev);
+  }
+
+  void resume() {
+    paused_ = false;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd_.get();
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, fd_.get(), &ev);
+  }
+
+  void admit(UniqueFd conn, const sockaddr_storage& ss, socklen_t len) {
+    const auto* address = reinterpret_cast<const sockaddr*>(&ss);
+    std::string peer = format_address(address, len);
+    const int raw = conn.get();
+    bool made_room = false;
+    auto ticket = control_->admit(
+        admission_source(address, len), [raw] { ::shutdown(raw, SHUT_RDWR); }, &made_room);
+    if (made_room) {
+      sweep_evicted();
+      if (evicted_log_.count()) {
+        const AdmissionOptions& o = control_->options();
+        spdlog::warn(
+            "listener on {}: too many unauthenticated connections (max_unauthenticated {}, "
+            "max_unauthenticated_per_source {}): closed the oldest to make room for {}; further "
+            "ones are counted (pmirrorctl status: admission)",
+            where_, o.max_unauthenticated, o.max_unauthenticated_per_source, peer);
+      }
+    }
+    (void)set_nodelay(raw);
+    auto p = std::make_unique<Pending>();
+    p->fd = std::move(conn);
+    p->peer = std::move(peer);
+    p->deadline = Clock::now() + control_->options().handshake_timeout;
+    encode_hello(options_, p->out);
+    p->ticket = std::move(ticket);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = raw;
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, raw, &ev) != 0) {
+      control_->count_dropped();  // out of memory for the epoll entry: drop it
+      return;
+    }
+    Pending& ref = *p;
+    pending_[raw] = std::move(p);
+    progress_pending(ref);
+  }
+
+  void progress(int fd) {
+    auto it = pending_.find(fd);
+    if (it != pending_.end()) progress_pending(*it->second);
+  }
+
+  void fail(Pending& p, Status why, bool timed_out = false) {
+    if (timed_out) {
+      control_->count_timed_out();
+    } else {
+      control_->count_failed();
+    }
+    if (failures_.size() < kMaxQueuedFailures) failures_.push_back(std::move(why));
+    pending_.erase(p.fd.get());  // closes it (and so leaves the epoll set)
+  }
+
+  void progress_pending(Pending& p) {
+    if (p.ticket->evicted()) {
+      pending_.erase(p.fd.get());
+      return;
+    }
+    const int fd = p.fd.get();
+    while (p.sent < sizeof p.out) {
+      ssize_t n = ::send(fd, p.out + p.sent, sizeof p.out - p.sent, MSG_NOSIGNAL);
+      if (n > 0) {
+        p.sent += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      return fail(
+          p, errno_status(Errc::kConnectionError, "handshake with " + p.peer + ": send", errno));
+    }
+    const bool want_out = p.sent < sizeof p.out;
+    // Read exactly the hello, never beyond: what follows is the
+    // connection's, not ours.
+    while (p.got < sizeof p.in) {
+      size_t want = p.got < kHeaderSize ? kHeaderSize - p.got : sizeof p.in - p.got;
+      ssize_t n = ::recv(fd, p.in + p.got, want, 0);
+      if (n > 0) {
+        p.got += static_cast<size_t>(n);
+        if (p.got == kHeaderSize && !hello_header_ok(p.in)) return fail(p, bad_hello(p.peer));
+        continue;
+      }
+      if (n == 0)
+        return fail(p, Status(Errc::kConnectionError,
+                              "handshake with " + p.peer + ": the peer closed the connection"));
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        watch(p, EPOLLIN | (want_out ? uint32_t{EPOLLOUT} : uint32_t{0}));
+        return;
+      }
+      return fail(
+          p, errno_status(Errc::kConnectionError, "handshake with " + p.peer + ": recv", errno));
+    }
+    if (want_out) {
+      // The peer's hello is in, ours is still going out: wait for room
+      // only (a readable socket would wake us for nothing, over and over).
+      watch(p, EPOLLOUT);
+      return;
+    }
+    Hello theirs = decode_hello(p.in + kHeaderSize);
+    if (Status checked = check_hello(theirs, options_, p.peer); !checked.ok())
+      return fail(p, checked);
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
+    auto node = pending_.extract(fd);
+    Pending& done = *node.mapped();
+    ready_.push_back(std::unique_ptr<Connection>(new TcpConnection(
+        std::move(done.fd), options_, theirs, std::move(done.peer), std::move(done.ticket))));
+  }
+
+  // What a pending socket is to be watched for.
+  void watch(Pending& p, uint32_t events) {
+    if (p.watching == events) return;
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.fd = p.fd.get();
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, p.fd.get(), &ev);
+    p.watching = events;
+  }
+
+  // Pending hellos the admission control evicted: their sockets are shut
+  // down; close them now (the descriptor may be what accept needs).
+  void sweep_evicted() {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second->ticket->evicted()) {
+        it = pending_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  void expire(Clock::time_point now) {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      Pending& p = *it->second;
+      ++it;
+      if (now < p.deadline) continue;
+      fail(p,
+           Status(Errc::kTimeout,
+                  "handshake with " + p.peer + " timed out after " +
+                      std::to_string(control_->options().handshake_timeout.count()) +
+                      " ms (no pmirror tcp hello) — is the peer a pmirror tcp endpoint?"),
+           /*timed_out=*/true);
+    }
+  }
+
+  // The per-interval sums of what was not logged line by line.
+  void report(Clock::time_point now) {
+    if (uint64_t n = evicted_log_.unreported(now))
+      spdlog::warn(
+          "listener on {}: closed {} more unauthenticated connection(s) in the last {} s to make "
+          "room for newer ones",
+          where_, n, kLogInterval.count());
+    if (uint64_t n = exhausted_log_.unreported(now))
+      spdlog::warn(
+          "listener on {}: accept ran out of file descriptors or memory {} more time(s) "
+          "in the last {} s",
+          where_, n, kLogInterval.count());
+    if (uint64_t n = other_errors_.unreported(now))
+      spdlog::warn("listener on {}: accept failed {} more time(s) in the last {} s", where_, n,
+                   kLogInterval.count());
+  }
+
   UniqueFd fd_;
-  UniqueFd wake_;  // eventfd: shutdown() wakes a blocked accept()
+  UniqueFd wake_;   // eventfd: shutdown() wakes a blocked accept()
+  UniqueFd epoll_;  // fd_, wake_ and every pending socket
+  UniqueFd spare_;  // reserved descriptor, given up to take (and close) a connection under EMFILE
   uint16_t port_;
+  std::string where_;
   ConnectionOptions options_;
+  std::shared_ptr<AdmissionControl> control_;
   std::atomic<bool> closed_{false};
+  // Below: only the thread in accept() touches these.
+  std::map<int, std::unique_ptr<Pending>> pending_;  // by descriptor
+  std::deque<std::unique_ptr<Connection>> ready_;
+  std::deque<Status> failures_;
+  bool paused_ = false;
+  Clock::time_point paused_until_{};
+  LogLimiter evicted_log_{kLogInterval, 1};
+  LogLimiter exhausted_log_{kLogInterval, 1};
+  LogLimiter other_errors_{kLogInterval, 1};
 };
 
 struct AddrInfoDeleter {
@@ -175,7 +516,8 @@ Result<AddrInfoPtr> resolve(const std::string& address, uint16_t port, bool pass
 using namespace tcp;
 
 Result<std::unique_ptr<Listener>> tcp_listen(const std::string& address, uint16_t port,
-                                             const ConnectionOptions& options) {
+                                             const ConnectionOptions& options,
+                                             const AdmissionOptions& admission) {
   PMIRROR_RETURN_IF_ERROR(validate_options(options));
   std::string what = "listen on " + format_host_port(address, port);
   PMIRROR_ASSIGN_OR_RETURN(auto ai, resolve(address, port, true, what));
@@ -209,8 +551,18 @@ Result<std::unique_ptr<Listener>> tcp_listen(const std::string& address, uint16_
                          : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
     UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!wake.valid()) return errno_status(Errc::kIoError, what + ": eventfd", errno);
+    UniqueFd epoll(::epoll_create1(EPOLL_CLOEXEC));
+    if (!epoll.valid()) return errno_status(Errc::kIoError, what + ": epoll_create1", errno);
+    for (int watched : {fd.get(), wake.get()}) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.fd = watched;
+      if (::epoll_ctl(epoll.get(), EPOLL_CTL_ADD, watched, &ev) != 0)
+        return errno_status(Errc::kIoError, what + ": epoll_ctl", errno);
+    }
     return std::unique_ptr<Listener>(
-        new TcpListener(std::move(fd), std::move(wake), bound, options));
+        new TcpListener(std::move(fd), std::move(wake), std::move(epoll), bound,
+                        format_host_port(address, bound), options, admission));
   }
   return last;
 }
@@ -256,10 +608,23 @@ Result<std::unique_ptr<Connection>> tcp_connect(const std::string& address, uint
     std::string peer = peer_name(fd.get());
     PMIRROR_RETURN_IF_ERROR(set_nodelay(fd.get()));
     PMIRROR_ASSIGN_OR_RETURN(Hello hello, handshake(fd.get(), options, peer, deadline));
-    return std::unique_ptr<Connection>(
-        new TcpConnection(std::move(fd), options, hello, std::move(peer)));
+    auto connection = std::make_unique<TcpConnection>(std::move(fd), options, hello, peer);
+    // The connecting side is active from the start.
+    PMIRROR_RETURN_IF_ERROR(connection->activate().with_context(what));
+    return std::unique_ptr<Connection>(std::move(connection));
   }
   return last;
+}
+
+void register_tcp(Registry& registry) {
+  Provider tcp;
+  tcp.kind = Kind::kTcp;
+  // The passive side persists every Write's range before it answers a later
+  // Read (PersistFn: msync or pmem_persist), whatever backs the memory.
+  tcp.capabilities.read_flushes_writes_on_any_backing = true;
+  tcp.listen = tcp_listen;
+  tcp.connect = tcp_connect;
+  registry.add(std::move(tcp));
 }
 
 }  // namespace pmirror::transport

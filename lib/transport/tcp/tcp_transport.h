@@ -1,10 +1,33 @@
 // The tcp implementation of the transport seam: RDMA RC semantics over one
 // TCP stream per Connection.
 //
-// Threads. Each Connection runs a sender and a receiver thread. post_* only
-// queue a work request (WR) into a fixed ring of max_outstanding entries and
-// wake the sender; poll() waits on the completion queue. No per-op heap
-// allocation on the hot path (send payloads reuse their slot's buffer).
+// Threads. Each active Connection runs a sender and a receiver thread.
+// post_* only queue a work request (WR) into a fixed ring of
+// max_outstanding entries and wake the sender; poll() waits on the
+// completion queue. No per-op heap allocation on the hot path (send
+// payloads reuse their slot's buffer).
+//
+// Listener. Accepted sockets are non-blocking and wait in the listener's
+// pending set, each with a deadline (AdmissionOptions::handshake_timeout),
+// all watched by one epoll set together with the listening socket (its
+// descriptor is wait_fd()); accept() sends our HELLO and assembles the
+// peer's as its bytes come, so a silent or slow peer holds up nobody. The
+// caps of AdmissionOptions apply to every connection from its accept until
+// activate(): a new one beyond them closes the oldest (admission.h).
+// Out of descriptors (EMFILE/ENFILE) or memory, accept() evicts the oldest
+// unauthenticated connection or accepts-and-closes with a spare
+// descriptor, then pauses 100 ms; it never spins.
+//
+// Dormant connections. What accept() returns has no thread yet: its socket
+// stays non-blocking and post_send/poll/recv_data/repost_recv do their I/O
+// in the caller's thread (frames written at once, the rest on the next
+// poll; frames read exactly, assembled across calls). wait_fd() is the
+// socket. post_write/post_read return kFailedPrecondition; a WRITE,
+// READ_REQ or READ_RESP from the peer before activation is a protocol error
+// that closes the connection. activate() leaves the unauthenticated count,
+// finishes pending output, makes the socket blocking and starts the two
+// threads (kResourceExhausted, connection still dormant and usable, when
+// they cannot be created). tcp_connect returns active connections.
 //
 // Wire format (all integers little-endian). Every frame is a 40-byte header,
 // then `length` payload bytes:
@@ -37,9 +60,13 @@
 // Persistence. The receiver records the ranges each WRITE touched per
 // registration. Before answering a READ_REQ it calls every registration's
 // PersistFn on its ranges written since the last persist (sorted, merged),
-// so the Read completes only after all earlier Writes are durable. Ranges
-// also get persisted when a registration is destroyed, when the connection
-// ends, and when a registration collects more than kMaxDirtyRanges ranges.
+// so the Read completes only after all earlier Writes are durable; a
+// PersistFn failure refuses the READ_REQ (ERROR with its message) and the
+// connection closes. Ranges also get persisted when a registration is
+// destroyed, when the connection ends, and when a registration collects
+// more than kMaxDirtyRanges ranges (a failure there refuses that WRITE).
+// A WRITE whose copy into the registration faults (common/fault.h: SIGBUS
+// under a guard, or EFAULT from recv) is refused with kIoError.
 //
 // Receives. SEND fills the oldest posted receive slot (kRecv completion,
 // wr_id = slot). With no slot posted (RNR), the receiver stops reading the
@@ -72,7 +99,8 @@
 namespace pmirror::transport {
 
 Result<std::unique_ptr<Listener>> tcp_listen(const std::string& address, uint16_t port,
-                                             const ConnectionOptions& options);
+                                             const ConnectionOptions& options,
+                                             const AdmissionOptions& admission = {});
 Result<std::unique_ptr<Connection>> tcp_connect(const std::string& address, uint16_t port,
                                                 const ConnectionOptions& options);
 

@@ -765,6 +765,15 @@ TEST(ProtocolEncodeTest, RefusesMessagesOutsideTheLimits) {
 // under -DPMIRROR_SANITIZE=ON to check the latter), and whatever it accepts
 // must be the canonical encoding of what it returned: there is exactly one
 // byte string per message, so no two peers can disagree about a message.
+TEST(ProtocolTest, PrintableEscapesWhatAPeerChose) {
+  EXPECT_EQ(printable("app1"), "app1");
+  EXPECT_EQ(printable("\xff\xfe\xfd"), "\\xff\\xfe\\xfd");
+  EXPECT_EQ(printable("a\\b"), "a\\\\b");  // a backslash cannot pose as an escape
+  EXPECT_EQ(printable(std::string("x\0y\n\x1b", 5)), "x\\x00y\\x0a\\x1b");
+  EXPECT_EQ(printable("caf\xc3\xa9"), "caf\\xc3\\xa9");  // ASCII out, always
+  EXPECT_EQ(printable(std::string(300, 'a'), 8), "aaaaaaaa...");
+}
+
 TEST(ProtocolFuzzTest, MutatedBuffersFailOrReencodeIdentically) {
   Gen gen(777);
   size_t accepted = 0;

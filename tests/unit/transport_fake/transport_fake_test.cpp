@@ -1,10 +1,12 @@
-// The fake fabric: the transport contract the tcp tests check, plus
-// deterministic execution, fault injection and crash semantics.
+// The fake fabric: the transport contract (transport_contract.h), plus what
+// only the fake does -- deterministic execution, fault injection, crash
+// semantics -- and its registration while a test installs it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <random>
 #include <set>
 #include <thread>
@@ -13,12 +15,64 @@
 #include "transport/fake/fake_fabric.h"
 #include "transport/fake/fake_transport.h"
 #include "transport/transport.h"
+#include "transport_contract.h"
 
 namespace pmirror::transport::fake {
 namespace {
 
 using namespace std::chrono_literals;
+using contract::bytes_of;
+using contract::drain_until_closed;
+using contract::Endpoint;
 
+// One fabric per case; listeners are named "target", "target-2", ...
+class FakeHarness final : public contract::Harness {
+ public:
+  contract::Traits traits() const override {
+    contract::Traits t;
+    t.accept_reports_refused_peers = false;  // connect() refuses; nothing reaches accept()
+    t.refused_text = "nobody is listening there";
+    return t;
+  }
+  Result<std::unique_ptr<Listener>> listen(const ConnectionOptions& options) override {
+    std::string name = listeners_++ == 0 ? "target" : "target-" + std::to_string(listeners_);
+    auto l = fabric_->listen(name, options);
+    if (l.ok()) names_[l->get()] = name;
+    return l;
+  }
+  Endpoint endpoint(const Listener& listener) const override {
+    return {names_.at(&listener), listener.port()};
+  }
+  Result<std::unique_ptr<Connection>> connect(const Endpoint& to,
+                                              const ConnectionOptions& options) override {
+    return fabric_->connect(to.host, options);
+  }
+  std::string active_peer(const Endpoint& to) const override { return "fake:" + to.host; }
+  std::string passive_peer_prefix() const override { return "fake:initiator#"; }
+  void hold_execution(bool hold) override { fabric_->set_manual(hold); }
+
+ private:
+  std::shared_ptr<FakeFabric> fabric_ = FakeFabric::create();
+  std::map<const Listener*, std::string> names_;
+  int listeners_ = 0;
+};
+
+const contract::TransportUnderTest kFake{"fake", [] { return std::make_unique<FakeHarness>(); }};
+
+}  // namespace
+}  // namespace pmirror::transport::fake
+
+namespace pmirror::transport::contract {
+INSTANTIATE_TEST_SUITE_P(Fake, TransportContract, ::testing::Values(fake::kFake), transport_name);
+INSTANTIATE_TEST_SUITE_P(Fake, ReadFlushContract, ::testing::Values(fake::kFake), transport_name);
+INSTANTIATE_TEST_SUITE_P(Fake, RemoteAccess, ::testing::ValuesIn(every_violation(fake::kFake)),
+                         remote_access_name);
+}  // namespace pmirror::transport::contract
+
+namespace pmirror::transport::fake {
+namespace {
+
+// A connected pair on a fabric of its own, for the fake's own cases.
 struct Pair {
   std::shared_ptr<FakeFabric> fabric;
   std::unique_ptr<Listener> listener;
@@ -42,6 +96,7 @@ Pair make_pair(const ConnectionOptions& options = {}, const FabricOptions& fo = 
   return p;
 }
 
+// Up to n completions, waiting `each` per poll (0ms: only what is there).
 std::vector<Completion> wait_for(Connection& c, size_t n, std::chrono::milliseconds each = 100ms) {
   std::vector<Completion> got;
   auto deadline = std::chrono::steady_clock::now() + 10s;
@@ -55,71 +110,14 @@ std::vector<Completion> wait_for(Connection& c, size_t n, std::chrono::milliseco
   return got;
 }
 
-std::vector<Completion> drain_until_closed(Connection& c, Status* closed = nullptr) {
-  std::vector<Completion> got;
-  Completion buf[16];
-  for (int i = 0; i < 1000; ++i) {
-    auto r = c.poll(buf, 10ms);
-    if (!r.ok()) {
-      if (closed) *closed = r.status();
-      return got;
-    }
-    got.insert(got.end(), buf, buf + *r);
-  }
-  ADD_FAILURE() << "connection did not close";
-  return got;
-}
-
-std::span<const std::byte> bytes_of(const std::string& s) {
-  return std::as_bytes(std::span(s.data(), s.size()));
-}
-
 std::vector<std::byte> copy_of(const std::vector<std::byte>& v, size_t off, size_t len) {
   return std::vector<std::byte>(v.begin() + off, v.begin() + off + len);
 }
 
-// ---------------------------------------------------------------- contract
+// ------------------------------------------------- execution in order
 
-TEST(FakeTransport, WriteThenReadBack) {
-  auto p = make_pair();
-  std::vector<std::byte> remote(1 << 20), src(8192), dst(8192);
-  std::mt19937 rng(1);
-  for (auto& b : src) b = std::byte(rng());
-  auto rmr = p.passive->register_memory(remote.data(), remote.size(), kRemoteWrite | kRemoteRead);
-  ASSERT_TRUE(rmr.ok());
-  auto smr = p.active->register_memory(src.data(), src.size(), kLocalOnly);
-  auto dmr = p.active->register_memory(dst.data(), dst.size(), kLocalOnly);
-  ASSERT_TRUE(smr.ok() && dmr.ok());
-  RemoteKey key = (*rmr)->remote_key();
-  EXPECT_EQ(key.address, reinterpret_cast<uint64_t>(remote.data()));
-  EXPECT_NE(key.rkey, 0u);
-  EXPECT_EQ(key.length, remote.size());
-
-  ASSERT_TRUE(p.active->post_write(**smr, 0, src.size(), key, 100, 1, true).ok());
-  ASSERT_TRUE(p.active->post_read(**dmr, 0, dst.size(), key, 100, 2).ok());
-  auto c = wait_for(*p.active, 2);
-  ASSERT_EQ(c.size(), 2u);
-  EXPECT_EQ(c[0].wr_id, 1u);
-  EXPECT_EQ(c[0].opcode, Opcode::kWrite);
-  EXPECT_TRUE(c[0].status.ok()) << c[0].status.to_string();
-  EXPECT_EQ(c[1].wr_id, 2u);
-  EXPECT_EQ(c[1].opcode, Opcode::kRead);
-  EXPECT_TRUE(c[1].status.ok()) << c[1].status.to_string();
-  EXPECT_EQ(0, std::memcmp(dst.data(), src.data(), src.size()));
-  EXPECT_EQ(0, std::memcmp(remote.data() + 100, src.data(), src.size()));
-  EXPECT_EQ(p.active->kind(), Kind::kTcp);
-  EXPECT_EQ(p.active->peer_address(), "fake:target");
-}
-
-TEST(FakeTransport, ReportedKindIsConfigurable) {
-  FabricOptions fo;
-  fo.reported_kind = Kind::kRdma;
-  auto p = make_pair({}, fo);
-  EXPECT_EQ(p.active->kind(), Kind::kRdma);
-  EXPECT_EQ(p.passive->kind(), Kind::kRdma);
-}
-
-TEST(FakeTransport, CompletionsInPostingOrder) {
+// The contract's posting order, with every operation queued before any runs.
+TEST(FakeTransport, SteppedOperationsCompleteInPostingOrder) {
   auto p = make_pair();
   p.fabric->set_manual(true);
   std::vector<std::byte> remote(1 << 16), local(1 << 16);
@@ -171,136 +169,6 @@ TEST(FakeTransport, ReadIsNotOvertakenByALaterOverlappingWrite) {
   EXPECT_EQ(dst[kLen - 1], std::byte{0xA1});
 }
 
-TEST(FakeTransport, ManyRandomWritesThenReadEachBack) {
-  ConnectionOptions opt;
-  opt.max_outstanding = 32;
-  auto p = make_pair(opt);
-  constexpr size_t kRemote = 1 << 20, kMaxLen = 1 << 16;
-  std::vector<std::byte> remote(kRemote), model(kRemote), src(4 * kMaxLen), dst(kMaxLen);
-  std::mt19937_64 rng(42);
-  for (auto& b : src) b = std::byte(rng());
-  auto rmr = p.passive->register_memory(remote.data(), remote.size(), kRemoteWrite | kRemoteRead);
-  auto smr = p.active->register_memory(src.data(), src.size(), kLocalOnly);
-  auto dmr = p.active->register_memory(dst.data(), dst.size(), kLocalOnly);
-  RemoteKey key = (*rmr)->remote_key();
-  struct Op {
-    size_t off, len;
-  };
-  std::vector<Op> ops;
-  for (int i = 0; i < 300; ++i) {
-    size_t len = 1 + rng() % (i % 3 == 0 ? kMaxLen : 4096);
-    size_t off = rng() % (kRemote - len + 1);
-    size_t soff = rng() % (src.size() - len + 1);
-    bool signaled = i % 4 == 0;
-    Status s = p.active->post_write(**smr, soff, len, key, off, i, signaled);
-    while (s.code() == Errc::kResourceExhausted) {
-      auto c = wait_for(*p.active, 1);
-      ASSERT_EQ(c.size(), 1u);
-      ASSERT_TRUE(c[0].status.ok());
-      s = p.active->post_write(**smr, soff, len, key, off, i, signaled);
-    }
-    ASSERT_TRUE(s.ok()) << s.to_string();
-    std::memcpy(model.data() + off, src.data() + soff, len);
-    ops.push_back({off, len});
-  }
-  // Unflushed writes: the medium tracks them (trimmed where they overlap).
-  EXPECT_GT(p.fabric->undurable_writes(), 0u);
-  for (auto c = wait_for(*p.active, 1000, 0ms); !c.empty(); c = wait_for(*p.active, 1000, 0ms)) {
-  }
-  for (size_t i = 0; i < ops.size(); ++i) {
-    ASSERT_TRUE(p.active->post_read(**dmr, 0, ops[i].len, key, ops[i].off, 1000 + i).ok());
-    auto c = wait_for(*p.active, 1);
-    ASSERT_EQ(c.size(), 1u);
-    ASSERT_EQ(c[0].wr_id, 1000 + i);
-    ASSERT_EQ(0, std::memcmp(dst.data(), model.data() + ops[i].off, ops[i].len)) << "op " << i;
-  }
-  EXPECT_EQ(0, std::memcmp(remote.data(), model.data(), kRemote));
-  EXPECT_EQ(p.fabric->undurable_writes(), 0u);
-  auto durable = p.fabric->durable_bytes(**rmr);
-  ASSERT_TRUE(durable.ok());
-  EXPECT_TRUE(*durable == model);
-}
-
-TEST(FakeTransport, ReadPersistsExactlyTheWrittenRangesFirst) {
-  auto p = make_pair();
-  std::vector<std::byte> remote(1 << 20), other(1 << 16), local(1 << 16);
-  std::vector<std::pair<uintptr_t, size_t>> calls;
-  auto record = [&](const void* a, size_t n) {
-    calls.emplace_back(reinterpret_cast<uintptr_t>(a), n);
-  };
-  auto rmr =
-      p.passive->register_memory(remote.data(), remote.size(), kRemoteWrite | kRemoteRead, record);
-  auto omr = p.passive->register_memory(other.data(), other.size(), kRemoteWrite, record);
-  auto lmr = p.active->register_memory(local.data(), local.size(), kLocalOnly);
-  RemoteKey key = (*rmr)->remote_key(), okey = (*omr)->remote_key();
-  auto base = reinterpret_cast<uintptr_t>(remote.data());
-  auto obase = reinterpret_cast<uintptr_t>(other.data());
-  ASSERT_TRUE(p.active->post_write(**lmr, 0, 100, key, 1000, 1, false).ok());
-  ASSERT_TRUE(p.active->post_write(**lmr, 0, 50, key, 1100, 2, false).ok());
-  ASSERT_TRUE(p.active->post_write(**lmr, 0, 300, key, 5000, 3, false).ok());
-  ASSERT_TRUE(p.active->post_write(**lmr, 0, 300, key, 4900, 4, false).ok());
-  ASSERT_TRUE(p.active->post_write(**lmr, 0, 7, key, 90000, 5, false).ok());
-  ASSERT_TRUE(p.active->post_write(**lmr, 0, 64, okey, 128, 6, false).ok());
-  EXPECT_TRUE(calls.empty());
-  ASSERT_TRUE(p.active->post_read(**lmr, 32768, 16, key, 0, 7).ok());
-  ASSERT_EQ(wait_for(*p.active, 1).size(), 1u);
-  std::set<std::pair<uintptr_t, size_t>> got(calls.begin(), calls.end());
-  std::set<std::pair<uintptr_t, size_t>> want = {
-      {base + 1000, 150}, {base + 4900, 400}, {base + 90000, 7}, {obase + 128, 64}};
-  EXPECT_EQ(got, want);
-  EXPECT_EQ(calls.size(), want.size());
-  calls.clear();
-  ASSERT_TRUE(p.active->post_read(**lmr, 32768, 16, key, 0, 8).ok());
-  ASSERT_EQ(wait_for(*p.active, 1).size(), 1u);
-  EXPECT_TRUE(calls.empty());
-  ASSERT_TRUE(p.active->post_write(**lmr, 0, 10, key, 20, 9, false).ok());
-  ASSERT_TRUE(p.active->post_read(**lmr, 32768, 16, key, 0, 10).ok());
-  ASSERT_EQ(wait_for(*p.active, 1).size(), 1u);
-  ASSERT_EQ(calls.size(), 1u);
-  EXPECT_EQ(calls[0], std::make_pair(base + 20, size_t{10}));
-}
-
-TEST(FakeTransport, SendRecvWithSlotReuseAndBackPressure) {
-  ConnectionOptions opt;
-  opt.recv_slots = 4;
-  opt.message_size = 64;
-  opt.max_outstanding = 16;
-  auto p = make_pair(opt);
-  constexpr int kMessages = 500;
-  std::thread sender([&] {
-    for (int i = 0; i < kMessages; ++i) {
-      std::string m = "message " + std::to_string(i);
-      Status s = p.active->post_send(bytes_of(m), i);
-      while (s.code() == Errc::kResourceExhausted) {
-        auto c = wait_for(*p.active, 1);
-        ASSERT_EQ(c.size(), 1u);
-        ASSERT_TRUE(c[0].status.ok());
-        s = p.active->post_send(bytes_of(m), i);
-      }
-      ASSERT_TRUE(s.ok()) << s.to_string();
-    }
-  });
-  std::set<uint64_t> slots_seen;
-  for (int i = 0; i < kMessages; ++i) {
-    auto c = wait_for(*p.passive, 1);
-    ASSERT_EQ(c.size(), 1u) << "message " << i;
-    ASSERT_TRUE(c[0].status.ok()) << c[0].status.to_string();
-    ASSERT_EQ(c[0].opcode, Opcode::kRecv);
-    slots_seen.insert(c[0].wr_id);
-    auto data = p.passive->recv_data(static_cast<uint32_t>(c[0].wr_id), c[0].byte_len);
-    std::string got(reinterpret_cast<const char*>(data.data()), data.size());
-    ASSERT_EQ(got, "message " + std::to_string(i));
-    if (i % 50 == 0) std::this_thread::sleep_for(2ms);
-    ASSERT_TRUE(p.passive->repost_recv(static_cast<uint32_t>(c[0].wr_id)).ok());
-  }
-  sender.join();
-  EXPECT_EQ(slots_seen, (std::set<uint64_t>{0, 1, 2, 3}));
-  EXPECT_EQ(p.passive->repost_recv(0).code(), Errc::kInvalidArgument);  // already posted
-  EXPECT_EQ(p.passive->repost_recv(9).code(), Errc::kInvalidArgument);
-  std::string big(65, 'x');
-  EXPECT_EQ(p.active->post_send(bytes_of(big), 1).code(), Errc::kInvalidArgument);
-}
-
 TEST(FakeTransport, SendWithoutSlotWaitsAndHoldsUpLaterOps) {
   ConnectionOptions opt;
   opt.recv_slots = 1;
@@ -327,231 +195,48 @@ TEST(FakeTransport, SendWithoutSlotWaitsAndHoldsUpLaterOps) {
   EXPECT_EQ(c[1].wr_id, 3u);
 }
 
-TEST(FakeTransport, SymmetricPassiveSideWritesIntoActive) {
+// Writes are durable only once a Read on their connection flushed them.
+TEST(FakeTransport, RandomWritesBecomeDurableThroughReads) {
   auto p = make_pair();
-  std::vector<std::byte> mem(4096), src(4096, std::byte{0x5a});
-  auto amr = p.active->register_memory(mem.data(), mem.size(), kRemoteWrite);
-  auto smr = p.passive->register_memory(src.data(), src.size(), kLocalOnly);
-  ASSERT_TRUE(p.passive->post_write(**smr, 0, 4096, (*amr)->remote_key(), 0, 5, true).ok());
-  auto c = wait_for(*p.passive, 1);
-  ASSERT_EQ(c.size(), 1u);
-  EXPECT_TRUE(c[0].status.ok());
-  EXPECT_EQ(0, std::memcmp(mem.data(), src.data(), 4096));
-}
-
-enum class Violation { kOutOfBounds, kBeforeStart, kWrongRkey, kNoWriteAccess, kNoReadAccess };
-
-class FakeRemoteAccessTest : public ::testing::TestWithParam<Violation> {};
-
-TEST_P(FakeRemoteAccessTest, ErrorCompletionAndNothingOutsideTouched) {
-  auto p = make_pair();
-  constexpr size_t kGuard = 4096, kLen = 8192;
-  std::vector<std::byte> mem(kGuard + kLen + kGuard, std::byte{0xAA});
-  std::vector<std::byte> src(3 * kLen, std::byte{0x11});
-  Violation v = GetParam();
-  uint32_t access = kRemoteWrite | kRemoteRead;
-  if (v == Violation::kNoWriteAccess) access = kRemoteRead;
-  if (v == Violation::kNoReadAccess) access = kRemoteWrite;
-  auto rmr = p.passive->register_memory(mem.data() + kGuard, kLen, access);
-  std::vector<std::byte> fine(4096);
-  auto fmr = p.passive->register_memory(fine.data(), fine.size(), kRemoteWrite | kRemoteRead);
+  constexpr size_t kRemote = 1 << 20;
+  std::vector<std::byte> remote(kRemote), model(kRemote), src(1 << 16), dst(8);
+  std::mt19937_64 rng(42);
+  for (auto& b : src) b = std::byte(rng());
+  auto rmr = p.passive->register_memory(remote.data(), remote.size(), kRemoteWrite | kRemoteRead);
   auto smr = p.active->register_memory(src.data(), src.size(), kLocalOnly);
-  RemoteKey key = (*rmr)->remote_key(), fine_key = (*fmr)->remote_key();
-  p.fabric->set_manual(true);  // so the third op is surely flushed, not refused
-  ASSERT_TRUE(p.active->post_write(**smr, 0, 16, fine_key, 0, 1, true).ok());
-  Opcode bad_op = Opcode::kWrite;
-  RemoteKey bad = key;
-  uint64_t off = 0;
-  switch (v) {
-    case Violation::kOutOfBounds:
-      bad.length = kLen * 2;
-      off = kLen - 100;
-      break;
-    case Violation::kBeforeStart:
-      bad.address -= 64;
-      break;
-    case Violation::kWrongRkey:
-      bad.rkey ^= 0x5a5a5a5a;
-      break;
-    case Violation::kNoWriteAccess:
-      break;
-    case Violation::kNoReadAccess:
-      bad_op = Opcode::kRead;
-      break;
+  auto dmr = p.active->register_memory(dst.data(), dst.size(), kLocalOnly);
+  ASSERT_TRUE(rmr.ok() && smr.ok() && dmr.ok());
+  for (int i = 0; i < 100; ++i) {
+    size_t len = 1 + rng() % src.size();
+    size_t off = rng() % (kRemote - len + 1);
+    ASSERT_TRUE(p.active->post_write(**smr, 0, len, (*rmr)->remote_key(), off, i, false).ok());
+    std::memcpy(model.data() + off, src.data(), len);
   }
-  if (bad_op == Opcode::kWrite) {
-    ASSERT_TRUE(p.active->post_write(**smr, 0, 512, bad, off, 2, false).ok());
-  } else {
-    ASSERT_TRUE(p.active->post_read(**smr, 0, 512, bad, off, 2).ok());
-  }
-  ASSERT_TRUE(p.active->post_read(**smr, kLen, 64, fine_key, 0, 3).ok());
-  p.fabric->set_manual(false);
-  Status closed;
-  auto c = drain_until_closed(*p.active, &closed);
-  EXPECT_EQ(closed.code(), Errc::kClosed);
-  ASSERT_EQ(c.size(), 3u + ConnectionOptions{}.recv_slots);
-  EXPECT_EQ(c[0].wr_id, 1u);
-  EXPECT_TRUE(c[0].status.ok()) << c[0].status.to_string();
-  EXPECT_EQ(c[1].wr_id, 2u);
-  EXPECT_EQ(c[1].opcode, bad_op);
-  EXPECT_EQ(c[1].status.code(), Errc::kPermissionDenied) << c[1].status.to_string();
-  EXPECT_NE(c[1].status.message().find("remote access error"), std::string::npos);
-  const char* expect_word = v == Violation::kWrongRkey       ? "not registered"
-                            : v == Violation::kNoWriteAccess ? "kRemoteWrite"
-                            : v == Violation::kNoReadAccess  ? "kRemoteRead"
-                                                             : "outside";
-  EXPECT_NE(c[1].status.message().find(expect_word), std::string::npos) << c[1].status.message();
-  EXPECT_EQ(c[2].wr_id, 3u);
-  EXPECT_EQ(c[2].status.code(), Errc::kConnectionError);
-  EXPECT_NE(c[2].status.message().find("flushed"), std::string::npos);
-  for (size_t i = 3; i < c.size(); ++i) EXPECT_EQ(c[i].opcode, Opcode::kRecv);
-  EXPECT_EQ(p.active->post_write(**smr, 0, 1, key, 0, 4, true).code(), Errc::kClosed);
-  Status pclosed;
-  auto pc = drain_until_closed(*p.passive, &pclosed);
-  EXPECT_EQ(pc.size(), ConnectionOptions{}.recv_slots);
-  for (auto& x : pc) EXPECT_FALSE(x.status.ok());
-  EXPECT_EQ(pclosed.code(), Errc::kClosed);
-  for (size_t i = 0; i < mem.size(); ++i) ASSERT_EQ(mem[i], std::byte{0xAA}) << i;
-  for (size_t i = 0; i < 16; ++i) ASSERT_EQ(fine[i], std::byte{0x11});
+  // Unflushed writes: the medium tracks them (trimmed where they overlap).
+  EXPECT_GT(p.fabric->undurable_writes(), 0u);
+  EXPECT_FALSE(*p.fabric->durable_bytes(**rmr) == model);
+  ASSERT_TRUE(p.active->post_read(**dmr, 0, 8, (*rmr)->remote_key(), 0, 1000).ok());
+  ASSERT_EQ(wait_for(*p.active, 1).size(), 1u);
+  EXPECT_EQ(p.fabric->undurable_writes(), 0u);
+  auto durable = p.fabric->durable_bytes(**rmr);
+  ASSERT_TRUE(durable.ok());
+  EXPECT_TRUE(*durable == model);
+  EXPECT_TRUE(remote == model);
 }
 
-INSTANTIATE_TEST_SUITE_P(Violations, FakeRemoteAccessTest,
-                         ::testing::Values(Violation::kOutOfBounds, Violation::kBeforeStart,
-                                           Violation::kWrongRkey, Violation::kNoWriteAccess,
-                                           Violation::kNoReadAccess));
-
-TEST(FakeTransport, DeregisteredMemoryIsNoLongerReachable) {
-  auto p = make_pair();
-  std::vector<std::byte> mem(4096, std::byte{0}), src(4096, std::byte{1});
-  auto rmr = p.passive->register_memory(mem.data(), mem.size(), kRemoteWrite);
-  auto smr = p.active->register_memory(src.data(), src.size(), kLocalOnly);
-  RemoteKey key = (*rmr)->remote_key();
-  rmr->reset();
-  ASSERT_TRUE(p.active->post_write(**smr, 0, 100, key, 0, 1, true).ok());
-  auto c = drain_until_closed(*p.active);
-  ASSERT_FALSE(c.empty());
-  EXPECT_EQ(c[0].wr_id, 1u);
-  EXPECT_EQ(c[0].status.code(), Errc::kPermissionDenied);
-  for (auto b : mem) ASSERT_EQ(b, std::byte{0});
-}
-
-TEST(FakeTransport, RkeyOfAnotherConnectionIsRefused) {
-  auto p = make_pair();
-  auto c2 = p.fabric->connect("target", {});
-  ASSERT_TRUE(c2.ok());
-  auto s2 = p.listener->accept(0ms);
-  ASSERT_TRUE(s2.ok() && *s2);
-  std::vector<std::byte> mem(4096, std::byte{0}), src(4096, std::byte{9});
-  auto mr1 = p.passive->register_memory(mem.data(), mem.size(), kRemoteWrite | kRemoteRead);
-  auto smr2 = (*c2)->register_memory(src.data(), src.size(), kLocalOnly);
-  ASSERT_TRUE((*c2)->post_write(**smr2, 0, 16, (*mr1)->remote_key(), 0, 2, false).ok());
-  auto c = drain_until_closed(**c2);
-  ASSERT_FALSE(c.empty());
-  EXPECT_EQ(c[0].status.code(), Errc::kPermissionDenied);
-  for (auto b : mem) ASSERT_EQ(b, std::byte{0});
-  auto smr1 = p.active->register_memory(src.data(), src.size(), kLocalOnly);
-  ASSERT_TRUE(p.active->post_write(**smr1, 0, 16, (*mr1)->remote_key(), 0, 3, true).ok());
-  auto ok = wait_for(*p.active, 1);
-  ASSERT_EQ(ok.size(), 1u);
-  EXPECT_TRUE(ok[0].status.ok());
-}
-
-TEST(FakeTransport, PeerShutdownFailsOutstandingOpsAndPostsReturnClosed) {
-  ConnectionOptions opt;
-  opt.recv_slots = 1;
-  auto p = make_pair(opt);
-  std::vector<std::byte> local(4096), remote(4096);
-  auto lmr = p.active->register_memory(local.data(), local.size(), kLocalOnly);
-  auto rmr = p.passive->register_memory(remote.data(), remote.size(), kRemoteRead);
-  RemoteKey key = (*rmr)->remote_key();
-  ASSERT_TRUE(p.active->post_send(bytes_of("one"), 1).ok());
-  ASSERT_TRUE(p.active->post_send(bytes_of("two"), 2).ok());
-  for (uint64_t i = 0; i < 5; ++i)
-    ASSERT_TRUE(p.active->post_read(**lmr, 0, 64, key, 0, 10 + i).ok());
-  auto first = wait_for(*p.active, 1);
-  ASSERT_EQ(first.size(), 1u);
-  Completion none[1];
-  auto r = p.active->poll(none, 10ms);
-  ASSERT_TRUE(r.ok());
-  EXPECT_EQ(*r, 0u);
-
-  p.passive->shutdown();
-  p.passive->shutdown();  // idempotent
-  Status closed;
-  auto c = drain_until_closed(*p.active, &closed);
-  std::vector<uint64_t> failed;
-  for (auto& x : c) {
-    EXPECT_FALSE(x.status.ok());
-    if (x.opcode != Opcode::kRecv) failed.push_back(x.wr_id);
-    if (x.opcode == Opcode::kRead) {
-      EXPECT_EQ(x.status.code(), Errc::kConnectionError);
-      EXPECT_NE(x.status.message().find(p.active->peer_address()), std::string::npos);
-      EXPECT_NE(x.status.message().find("closed the connection"), std::string::npos);
-    }
-  }
-  EXPECT_EQ(failed, (std::vector<uint64_t>{2, 10, 11, 12, 13, 14}));
-  EXPECT_EQ(closed.code(), Errc::kClosed);
-  EXPECT_EQ(p.active->post_read(**lmr, 0, 64, key, 0, 99).code(), Errc::kClosed);
-  EXPECT_EQ(p.active->post_send(bytes_of("x"), 100).code(), Errc::kClosed);
-  EXPECT_EQ(p.active->poll(none, 10ms).status().code(), Errc::kClosed);
-  Status pclosed;
-  auto pc = drain_until_closed(*p.passive, &pclosed);
-  ASSERT_EQ(pc.size(), 1u);  // the delivered message
-  EXPECT_TRUE(pc[0].status.ok());
-  EXPECT_EQ(pclosed.code(), Errc::kClosed);
-}
-
-TEST(FakeTransport, ShutdownWithNothingPendingAndDestroyOrder) {
+// Every object keeps the fabric's hub alive: dropping the fabric first is fine.
+TEST(FakeTransport, ObjectsOutliveTheirFabric) {
   auto p = make_pair();
   std::vector<std::byte> mem(4096);
-  auto mr = p.active->register_memory(mem.data(), mem.size(), kRemoteWrite);
-  p.active->shutdown();
-  Status closed;
-  auto c = drain_until_closed(*p.active, &closed);
-  EXPECT_EQ(c.size(), ConnectionOptions{}.recv_slots);
-  for (auto& x : c) EXPECT_EQ(x.status.code(), Errc::kClosed);
-  EXPECT_EQ(closed.code(), Errc::kClosed);
-  auto pc = drain_until_closed(*p.passive, &closed);
-  ASSERT_FALSE(pc.empty());
-  EXPECT_EQ(pc[0].status.code(), Errc::kConnectionError);
-  EXPECT_NE(pc[0].status.message().find("closed the connection"), std::string::npos);
+  auto mr = p.passive->register_memory(mem.data(), mem.size(), kRemoteWrite);
+  ASSERT_TRUE(mr.ok());
+  p.fabric.reset();
+  ASSERT_TRUE(p.active->post_send(bytes_of("still here"), 1).ok());
+  ASSERT_EQ(wait_for(*p.passive, 1).size(), 1u);
   p.active.reset();
   mr->reset();
-  p.fabric.reset();  // objects keep the hub alive
   p.passive.reset();
   p.listener.reset();
-}
-
-TEST(FakeTransport, ResourceExhaustedBeyondMaxOutstanding) {
-  ConnectionOptions opt;
-  opt.max_outstanding = 8;
-  auto p = make_pair(opt);
-  for (int i = 0; i < 8; ++i) ASSERT_TRUE(p.active->post_send(bytes_of("m"), i).ok());
-  Status s = p.active->post_send(bytes_of("m"), 8);
-  EXPECT_EQ(s.code(), Errc::kResourceExhausted);
-  EXPECT_NE(s.message().find("max_outstanding 8"), std::string::npos) << s.message();
-  ASSERT_EQ(wait_for(*p.active, 2).size(), 2u);
-  EXPECT_TRUE(p.active->post_send(bytes_of("m"), 9).ok());
-  EXPECT_TRUE(p.active->post_send(bytes_of("m"), 10).ok());
-  EXPECT_EQ(p.active->post_send(bytes_of("m"), 11).code(), Errc::kResourceExhausted);
-}
-
-TEST(FakeTransport, LocalArgumentChecks) {
-  auto p = make_pair();
-  auto q = make_pair();
-  std::vector<std::byte> mem(4096);
-  auto mr = p.active->register_memory(mem.data(), mem.size(), kLocalOnly);
-  auto foreign = q.active->register_memory(mem.data(), mem.size(), kLocalOnly);
-  auto other_end = p.passive->register_memory(mem.data(), mem.size(), kLocalOnly);
-  RemoteKey key{};
-  EXPECT_EQ(p.active->post_write(**mr, 4000, 200, key, 0, 1, true).code(), Errc::kInvalidArgument);
-  EXPECT_EQ(p.active->post_write(**foreign, 0, 1, key, 0, 1, true).code(), Errc::kInvalidArgument);
-  EXPECT_EQ(p.active->post_write(**other_end, 0, 1, key, 0, 1, true).code(),
-            Errc::kInvalidArgument);
-  EXPECT_EQ(p.active->register_memory(nullptr, 10, kRemoteRead).status().code(),
-            Errc::kInvalidArgument);
-  EXPECT_EQ(p.active->register_memory(mem.data(), 10, 0x80).status().code(),
-            Errc::kInvalidArgument);
 }
 
 TEST(FakeListener, ConnectAcceptShutdownAndErrors) {
@@ -734,20 +419,27 @@ TEST(FakeCrash, OwnerPersistCoversWritesWithoutARead) {
   FabricOptions fo;
   fo.read_flushes = false;  // GPSPM only: a Read flushes nothing
   Mirror m(
-      4096, [&](const void* a, size_t n) { calls.emplace_back(a, n); }, fo);
+      4096,
+      [&](const void* a, size_t n) {
+        calls.emplace_back(a, n);
+        return Status::Ok();
+      },
+      fo);
   m.write(0, 64, std::byte{1});
   m.write(128, 64, std::byte{2});
   m.write(512, 64, std::byte{3});
   m.read();
   EXPECT_TRUE(calls.empty());
   EXPECT_EQ(m.p.fabric->undurable_writes(), 3u);
-  m.p.fabric->persist(m.remote.data(), 64);  // as the target's PersistRequest handler
+  ASSERT_TRUE(m.p.fabric->persist(m.remote.data(), 64).ok());  // the target's PersistRequest
   ASSERT_EQ(calls.size(), 1u);
   EXPECT_EQ(calls[0], std::make_pair(static_cast<const void*>(m.remote.data()), size_t{64}));
   bool real_called = false;
-  PersistFn wrapped =
-      m.p.fabric->tracking_persist_fn([&](const void*, size_t) { real_called = true; });
-  wrapped(m.remote.data() + 128, 64);
+  PersistFn wrapped = m.p.fabric->tracking_persist_fn([&](const void*, size_t) {
+    real_called = true;
+    return Status::Ok();
+  });
+  ASSERT_TRUE(wrapped(m.remote.data() + 128, 64).ok());
   EXPECT_TRUE(real_called);
   EXPECT_EQ(calls.size(), 1u);  // the wrapper calls only its own real function
   m.p.fabric->crash("target");
@@ -757,7 +449,7 @@ TEST(FakeCrash, OwnerPersistCoversWritesWithoutARead) {
   // Owner stores are tracked the same way: persisted or lost.
   m.remote[3000] = std::byte{9};
   m.remote[3001] = std::byte{9};
-  m.p.fabric->persist(m.remote.data() + 3000, 1);
+  ASSERT_TRUE(m.p.fabric->persist(m.remote.data() + 3000, 1).ok());
   m.p.fabric->crash("target");
   EXPECT_EQ(m.remote[3000], std::byte{9});
   EXPECT_EQ(m.remote[3001], std::byte{0});
@@ -960,6 +652,38 @@ TEST(FakeCrash, CrashAfterCountsOnlyTheCountedNodeAndCanBeCancelled) {
   EXPECT_EQ(m.remote[8], std::byte{0});
 }
 
+// As over tcp: a PersistFn that fails (a write-back error) fails the Read
+// that flushes and breaks the connection; the owner's persist() returns it.
+TEST(FakeCrash, AFailedPersistFailsTheReadThatFlushes) {
+  bool failing = false;
+  Mirror m(4096, [&](const void*, size_t) {
+    return failing ? Status(Errc::kIoError, "volume 'v' (/v.img): msync failed: Input/output error")
+                   : Status::Ok();
+  });
+  m.write(0, 8, std::byte{1});
+  m.read(1);
+  auto c = wait_for(*m.p.active, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_TRUE(c[0].status.ok()) << c[0].status.to_string();
+
+  failing = true;
+  EXPECT_EQ(m.p.fabric->persist(m.remote.data(), 8).code(), Errc::kIoError);
+  m.write(8, 8, std::byte{2});
+  m.read(2);
+  Status closed;
+  c = drain_until_closed(*m.p.active, &closed);
+  ASSERT_GE(c.size(), 1u);
+  EXPECT_EQ(c[0].wr_id, 2u);
+  EXPECT_EQ(c[0].status.code(), Errc::kIoError) << c[0].status.to_string();
+  EXPECT_NE(c[0].status.message().find("msync failed: Input/output error"), std::string::npos)
+      << c[0].status.message();
+  EXPECT_EQ(closed.code(), Errc::kClosed);
+  auto pc = drain_until_closed(*m.p.passive);
+  ASSERT_FALSE(pc.empty());
+  EXPECT_NE(pc[0].status.message().find("refused a read"), std::string::npos)
+      << pc[0].status.message();
+}
+
 TEST(FakeCrash, MarkDurableIsTheOwnersPersistAndIsReentrantFromAPersistFn) {
   // A PersistFn that calls mark_durable (as the target's region persist
   // does when a test routes pmem_msync to the fabric) must not deadlock.
@@ -968,6 +692,7 @@ TEST(FakeCrash, MarkDurableIsTheOwnersPersistAndIsReentrantFromAPersistFn) {
   Mirror m(4096, [&](const void* a, size_t n) {
     ++calls;
     (*fabric_of_mirror)->mark_durable(a, n);
+    return Status::Ok();
   });
   fabric_of_mirror = &m.p.fabric;
   m.write(0, 8, std::byte{1});
@@ -983,15 +708,35 @@ TEST(FakeCrash, MarkDurableIsTheOwnersPersistAndIsReentrantFromAPersistFn) {
   EXPECT_EQ(m.remote[16], std::byte{0});
 }
 
-// ------------------------------------------------ Kind::kFake dispatch
+// ------------------------------------------------ Kind::kFake registration
 
-TEST(FakeKind, NamedButNeverParsed) {
+TEST(FakeKind, NamedNeverParsedRegisteredOnlyWhileInstalled) {
   EXPECT_EQ(kind_name(Kind::kFake), "fake");
-  auto parsed = parse_kind("fake");
-  ASSERT_FALSE(parsed.ok());
-  EXPECT_EQ(parsed.status().code(), Errc::kInvalidArgument);
-  EXPECT_EQ(*parse_kind("tcp"), Kind::kTcp);
-  EXPECT_EQ(*parse_kind("rdma"), Kind::kRdma);
+  EXPECT_EQ(parse_kind("fake").status().code(), Errc::kInvalidArgument);
+  EXPECT_EQ(kind_for_name("fake").status().code(), Errc::kInvalidArgument);
+  EXPECT_EQ(capabilities(Kind::kFake).status().code(), Errc::kFailedPrecondition);
+  auto outer = FakeFabric::create();
+  {
+    ScopedFabric installed(outer);
+    EXPECT_EQ(*kind_for_name("fake"), Kind::kFake);
+    // rdma's: a target over the fake offers APM only by `apm:` or on pmem.
+    ASSERT_TRUE(capabilities(Kind::kFake).ok());
+    EXPECT_FALSE(capabilities(Kind::kFake)->read_flushes_writes_on_any_backing);
+    {
+      ScopedFabric inner(FakeFabric::create(), "other-node");
+      auto l = transport::listen(Kind::kFake, "t", 0, {});
+      ASSERT_TRUE(l.ok()) << l.status().to_string();
+      EXPECT_FALSE(outer->port_of("t").ok()) << "reached the outer fabric";
+    }
+    // The outer one is back, registered again.
+    auto l = transport::listen(Kind::kFake, "t", 0, {});
+    ASSERT_TRUE(l.ok()) << l.status().to_string();
+    EXPECT_TRUE(outer->port_of("t").ok());
+    // Still never what a configuration can name.
+    EXPECT_EQ(parse_kind("fake").status().code(), Errc::kInvalidArgument);
+  }
+  EXPECT_EQ(kind_for_name("fake").status().code(), Errc::kInvalidArgument);
+  EXPECT_EQ(capabilities(Kind::kFake).status().code(), Errc::kFailedPrecondition);
 }
 
 TEST(FakeKind, ListenAndConnectReachTheInstalledFabric) {
