@@ -14,6 +14,7 @@
 
 #include "config/config.h"
 #include "control/control.h"
+#include "defaults.h"
 
 namespace {
 
@@ -416,6 +417,20 @@ int run_config_check(const std::string& file, const std::string& node) {
   return kExitConfig;
 }
 
+// For bash completion (completion/pmirrorctl.bash): the volume or node
+// names of a cluster file, one per line. Quiet on a file it cannot load, so
+// that a broken file never spills onto the command line being typed.
+int run_complete(const std::string& what, const std::string& file) {
+  auto cluster = pmirror::config::load_cluster_config(file);
+  if (!cluster.ok()) return kExitConfig;
+  if (what == "volumes") {
+    for (const auto& volume : cluster->volumes) std::printf("%s\n", volume.name.c_str());
+  } else {
+    for (const auto& node : cluster->nodes) std::printf("%s\n", node.name.c_str());
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -424,6 +439,7 @@ int main(int argc, char** argv) {
       "pmirrorctl: shows what pmirror does on this node, resyncs, verifies, promotes; checks "
       "cluster files"};
   app.require_subcommand(1);
+  app.set_version_flag("-V,--version", "pmirrorctl " PMIRROR_VERSION_STRING);
   Global global;
   app.add_option("--socket", global.socket,
                  "pmirrord's control socket (default: RUNTIME_DIR/pmirrord.sock)");
@@ -484,6 +500,14 @@ int main(int argc, char** argv) {
   demote->add_option("VOLUME", command_volume, "a volume pmirrord holds on this node")->required();
   demote->add_flag("--json", command_json, "print the reply as JSON (docs/control.md)");
 
+  // Hidden (no group): what the bash completion asks for.
+  std::string complete_what, complete_file = pmirror::kDefaultClusterFile;
+  auto* complete = app.add_subcommand("__complete", "")->group("");
+  complete->add_option("WHAT", complete_what)
+      ->required()
+      ->check(CLI::IsMember({"volumes", "nodes"}));
+  complete->add_option("--config", complete_file);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -493,6 +517,7 @@ int main(int argc, char** argv) {
   if (global.runtime_dir.empty()) global.runtime_dir = control::runtime_dir();
   if (global.socket.empty()) global.socket = control::daemon_socket_path(global.runtime_dir);
 
+  if (complete->parsed()) return run_complete(complete_what, complete_file);
   if (status->parsed()) return run_status(global, volume, as_json);
   if (events->parsed()) return EventStream(global, events_json, count).run();
   if (check->parsed()) return run_config_check(config_file, node);

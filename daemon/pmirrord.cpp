@@ -8,10 +8,13 @@
 #include <csignal>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <system_error>
 #include <thread>
 
+#include "common/fault.h"
 #include "config/config.h"
 #include "control/control.h"
+#include "defaults.h"
 #include "metrics/metrics.h"
 #include "supervisor/supervisor.h"
 #include "systemd/systemd.h"
@@ -33,7 +36,7 @@ bool apply_log_level(const std::string& name) {
 
 int main(int argc, char** argv) {
   CLI::App app{"pmirrord: serves pmem volumes to pmirror initiators (the replication target)"};
-  std::string config_path = "/etc/pmirror/pmirrord.yaml";
+  std::string config_path = pmirror::kDefaultClusterFile;
   bool foreground = false;
   std::string log_level;
   bool check_only = false;
@@ -47,7 +50,7 @@ int main(int argc, char** argv) {
   app.add_option("-l,--log-level", log_level,
                  "trace|debug|info|warn|error|critical|off (overrides the config file)");
   app.add_flag("--check-config", check_only, "validate the configuration and exit");
-  app.set_version_flag("-V,--version", "pmirrord " PMIRROR_VERSION);
+  app.set_version_flag("-V,--version", "pmirrord " PMIRROR_VERSION_STRING);
   CLI11_PARSE(app, argc, argv);
 
   auto console = spdlog::stderr_color_mt("pmirrord");
@@ -93,6 +96,14 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
+  // A SIGBUS on a volume's mapping (a truncated backing file, a media error)
+  // fails that volume instead of every volume this daemon serves: the
+  // places that touch a mapping are guarded (common/fault.h). Installed
+  // here, in the program: libpmirror never takes an application's signals.
+  if (pmirror::Status installed = pmirror::fault::install_fault_handler(); !installed.ok()) {
+    spdlog::critical("{}", installed.message());
+    return kExitStart;
+  }
 
   // Session state changes go to `pmirrorctl events` subscribers. The
   // control server starts after the target, so the sink looks it up.
@@ -103,6 +114,9 @@ int main(int argc, char** argv) {
   // initiator may spend a whole heartbeat_timeout waiting on another
   // replica before it writes to this one again.
   target_options.session_timeout = 2 * config.heartbeat_timeout;
+  target_options.handshake_timeout = config.handshake_timeout;
+  target_options.max_unauthenticated = config.max_unauthenticated;
+  target_options.max_unauthenticated_per_source = config.max_unauthenticated_per_source;
   target_options.on_event = [&control_server, &config](const pmirror::supervisor::StateChange& c) {
     spdlog::info("volume {}: peer {}: {} -> {}{}{}", c.volume, c.peer,
                  pmirror::supervisor::state_name(c.from), pmirror::supervisor::state_name(c.to),
@@ -178,7 +192,8 @@ int main(int argc, char** argv) {
   pmirror::systemd::WatchdogPinger watchdog;
 
   // SIGHUP reloads the configuration; SIGTERM/SIGINT stop.
-  std::thread signal_thread([&] {
+  std::thread signal_thread;
+  auto signal_loop = [&] {
     for (;;) {
       int received = 0;
       if (sigwait(&signals, &received) != 0) continue;
@@ -204,7 +219,14 @@ int main(int argc, char** argv) {
         pmirror::systemd::notify_ready(service_status());
       }
     }
-  });
+  };
+  try {
+    signal_thread = std::thread(signal_loop);
+  } catch (const std::system_error& e) {
+    spdlog::critical("cannot start the signal thread: {} (is the task limit, TasksMax=, too low?)",
+                     e.what());
+    return kExitStart;
+  }
 
   pmirror::Status served = (*target)->run();
   control_server = nullptr;

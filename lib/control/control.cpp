@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -19,7 +20,10 @@
 #include <fstream>
 #include <list>
 #include <mutex>
+#include <system_error>
 #include <thread>
+
+#include "common/log_limit.h"
 
 namespace pmirror::control {
 
@@ -92,15 +96,25 @@ Result<sockaddr_un> make_address(const std::string& path) {
   return address;
 }
 
-// Writes all of `data`; false if the peer is gone or shut down.
-bool send_all(int fd, std::string_view data) {
+// Writes all of `data`; false if the peer is gone or shut down, or (with a
+// deadline) has not taken it in time.
+bool send_all(int fd, std::string_view data,
+              std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt) {
   while (!data.empty()) {
-    ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+    int flags = MSG_NOSIGNAL | (deadline ? MSG_DONTWAIT : 0);
+    ssize_t n = ::send(fd, data.data(), data.size(), flags);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        int wait_ms = -1;
+        if (deadline) {
+          auto left = std::chrono::ceil<std::chrono::milliseconds>(
+              *deadline - std::chrono::steady_clock::now());
+          if (left.count() <= 0) return false;
+          wait_ms = static_cast<int>(std::min<int64_t>(left.count(), INT32_MAX));
+        }
         pollfd p{fd, POLLOUT, 0};
-        if (::poll(&p, 1, -1) < 0 && errno != EINTR) return false;
+        if (::poll(&p, 1, wait_ms) < 0 && errno != EINTR) return false;
         continue;
       }
       return false;
@@ -152,20 +166,18 @@ Result<UniqueFd> connect_to(const std::string& path, std::chrono::milliseconds t
   }
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return errno_status(Errc::kIoError, "socket(AF_UNIX)", errno);
-  int rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address));
-  if (rc != 0 && errno == EAGAIN) {
-    // Backlog full: wait for room up to the deadline.
-    pollfd p{fd.get(), POLLOUT, 0};
-    int ready = ::poll(&p, 1, static_cast<int>(timeout.count()));
-    if (ready == 0) {
+  // A full backlog makes a non-blocking AF_UNIX connect fail with EAGAIN,
+  // and nothing is in progress then: try again until the deadline.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int rc;
+  while ((rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address))) !=
+             0 &&
+         (errno == EAGAIN || errno == EINTR)) {
+    if (std::chrono::steady_clock::now() >= deadline) {
       return Result<UniqueFd>(Errc::kTimeout, "no answer from " + path + " within " +
                                                   std::to_string(timeout.count()) + " ms");
     }
-    int err = 0;
-    socklen_t len = sizeof(err);
-    ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-    errno = err;
-    rc = err == 0 ? 0 : -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (rc != 0) {
     int err = errno;
@@ -296,6 +308,29 @@ Status unknown_command(const nlohmann::json& request) {
   return Status(Errc::kInvalidArgument, "unknown command '" + command + "'");
 }
 
+std::string answer_request(const std::string& line, const Handler& handler) {
+  json request = json::parse(line, nullptr, false);
+  if (request.is_discarded()) {
+    return dump_line(error_reply(Status(Errc::kInvalidArgument,
+                                        "request is not JSON: send one object per line, e.g. "
+                                        "{\"command\":\"status\"}")));
+  }
+  if (!request.is_object() || !request.contains("command") || !request["command"].is_string()) {
+    return dump_line(error_reply(Status(Errc::kInvalidArgument,
+                                        "request must be an object with a string \"command\", "
+                                        "e.g. {\"command\":\"status\"}")));
+  }
+  try {
+    Result<json> result = handler(request);
+    if (!result.ok()) return dump_line(error_reply(result.status()));
+    return dump_line(json{{"ok", true}, {"result", std::move(result).value()}});
+  } catch (const std::exception& e) {
+    return dump_line(error_reply(Status(Errc::kInternal, std::string("handling '") +
+                                                             request["command"].get<std::string>() +
+                                                             "' failed: " + e.what())));
+  }
+}
+
 Errc errc_from_name(std::string_view name) {
   for (uint16_t code = 0; code <= static_cast<uint16_t>(Errc::kFailedPrecondition); ++code) {
     if (errc_name(static_cast<Errc>(code)) == name) return static_cast<Errc>(code);
@@ -315,16 +350,24 @@ class Server::Impl {
     bool closed = false;
   };
 
+  // A connection waits for a request (idle), handles one (busy), streams
+  // events (subscriber), or was closed to make room (evicted). Only the
+  // accept loop evicts, and only an idle one (compare-and-swap, against
+  // the connection's own thread taking a request).
+  enum State : int { kIdle, kBusy, kSubscriber, kEvicted };
+
   struct Connection {
     UniqueFd fd;
     std::thread thread;
     std::atomic<bool> done{false};
+    std::atomic<int> state{kIdle};
   };
 
-  Impl(std::string path, Handler handler, UniqueFd listen_fd, UniqueFd wake_read,
-       UniqueFd wake_write, dev_t dev, ino_t ino)
+  Impl(std::string path, Handler handler, const ServerOptions& options, UniqueFd listen_fd,
+       UniqueFd wake_read, UniqueFd wake_write, dev_t dev, ino_t ino)
       : path_(std::move(path)),
         handler_(std::move(handler)),
+        options_(options),
         listen_fd_(std::move(listen_fd)),
         wake_read_(std::move(wake_read)),
         wake_write_(std::move(wake_write)),
@@ -333,8 +376,16 @@ class Server::Impl {
 
   ~Impl() { stop(); }
 
-  void start() {
-    accept_thread_ = std::thread([this] { accept_loop(); });
+  Status start() {
+    spare_.reset();
+    spare_ = UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    try {
+      accept_thread_ = std::thread([this] { accept_loop(); });
+    } catch (const std::system_error& e) {
+      return Status(Errc::kResourceExhausted,
+                    "control socket " + path_ + ": cannot start its thread: " + e.what());
+    }
+    return Status::Ok();
   }
 
   void stop() {
@@ -405,19 +456,79 @@ class Server::Impl {
     }
   }
 
+  // accept(2) failed: out of descriptors or memory, or something else. Take
+  // the waiting connection with the spare descriptor and close it (so it is
+  // not left hanging), then pause: never a busy loop.
+  void accept_failed(int err) {
+    if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+      spare_.reset();
+      UniqueFd dropped(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      spare_ = UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    }
+    if (accept_errors_.count()) {
+      spdlog::warn("control socket {}: accept: {}; pausing {} ms", path_, std::strerror(err),
+                   kAcceptPause.count());
+    }
+    paused_ = true;
+  }
+
+  // Room for one more request connection: the oldest idle one is closed if
+  // all are taken. false: every one is busy.
+  bool make_room_locked() {
+    size_t requests = 0;
+    for (auto& c : connections_) {
+      int state = c->state.load();
+      if (!c->done.load() && (state == kIdle || state == kBusy)) ++requests;
+    }
+    if (requests < options_.max_connections) return true;
+    for (auto& c : connections_) {  // in arrival order: the oldest first
+      int idle = kIdle;
+      if (c->done.load() || !c->state.compare_exchange_strong(idle, kEvicted)) continue;
+      send_all(c->fd.get(),
+               dump_line(error_reply(
+                   Status(Errc::kResourceExhausted, "closed: this connection was idle and " +
+                                                        std::to_string(options_.max_connections) +
+                                                        " control connections were open"))),
+               std::chrono::steady_clock::now());
+      ::shutdown(c->fd.get(), SHUT_RDWR);
+      if (evictions_.count()) {
+        spdlog::warn(
+            "control socket {}: {} connections open; closed the oldest idle one to make "
+            "room (idle ones are closed after {} ms anyway)",
+            path_, options_.max_connections, options_.idle_timeout.count());
+      }
+      return true;
+    }
+    return false;
+  }
+
   void accept_loop() {
     while (!stopping_.load()) {
-      pollfd fds[2] = {{listen_fd_.get(), POLLIN, 0}, {wake_read_.get(), POLLIN, 0}};
-      int ready = ::poll(fds, 2, 1000);
+      if (uint64_t n = accept_errors_.unreported())
+        spdlog::warn("control socket {}: accept failed {} more time(s) in the last {} s", path_, n,
+                     kControlLogInterval.count());
+      if (uint64_t n = evictions_.unreported())
+        spdlog::warn("control socket {}: closed {} more idle connection(s) in the last {} s", path_,
+                     n, kControlLogInterval.count());
+      // While paused, only the wake pipe is watched.
+      pollfd fds[2] = {{wake_read_.get(), POLLIN, 0}, {listen_fd_.get(), POLLIN, 0}};
+      int ready =
+          ::poll(fds, paused_ ? 1 : 2, paused_ ? static_cast<int>(kAcceptPause.count()) : 1000);
+      paused_ = false;
       reap_finished();
       if (ready < 0) {
         if (errno == EINTR) continue;
         break;
       }
-      if (fds[1].revents != 0 || stopping_.load()) break;
-      if ((fds[0].revents & POLLIN) == 0) continue;
+      if (fds[0].revents != 0 || stopping_.load()) break;
+      if ((fds[1].revents & POLLIN) == 0) continue;
       UniqueFd client(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-      if (!client.valid()) continue;
+      if (!client.valid()) {
+        int err = errno;
+        if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR && err != ECONNABORTED)
+          accept_failed(err);
+        continue;
+      }
       // The file mode already keeps others out; check the peer anyway.
       ucred peer{};
       socklen_t len = sizeof(peer);
@@ -429,70 +540,85 @@ class Server::Impl {
         continue;
       }
       std::lock_guard lock(connections_mutex_);
-      if (connections_.size() >= kMaxConnections) {
-        send_all(
-            client.get(),
-            dump_line(error_reply(Status(Errc::kResourceExhausted,
-                                         "too many control connections to " + path_ + " (" +
-                                             std::to_string(kMaxConnections) + "); try again"))));
+      auto soon = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+      if (!make_room_locked()) {
+        send_all(client.get(),
+                 dump_line(error_reply(Status(Errc::kResourceExhausted,
+                                              "too many control connections to " + path_ + " (" +
+                                                  std::to_string(options_.max_connections) +
+                                                  ", all busy); try again"))),
+                 soon);
         continue;
       }
       auto connection = std::make_unique<Connection>();
       connection->fd = std::move(client);
       Connection* raw = connection.get();
+      try {
+        raw->thread = std::thread([this, raw] {
+          serve(*raw);
+          raw->done.store(true);
+        });
+      } catch (const std::system_error& e) {
+        send_all(raw->fd.get(),
+                 dump_line(error_reply(
+                     Status(Errc::kResourceExhausted, std::string("control socket: cannot start a "
+                                                                  "thread for the request: ") +
+                                                          e.what() + "; try again"))),
+                 soon);
+        continue;
+      }
       connections_.push_back(std::move(connection));
-      raw->thread = std::thread([this, raw] {
-        serve(raw->fd.get());
-        raw->done.store(true);
-      });
     }
   }
 
-  json handle(const std::string& line) {
-    json request = json::parse(line, nullptr, false);
-    if (request.is_discarded()) {
-      return error_reply(Status(Errc::kInvalidArgument,
-                                "request is not JSON: send one object per line, e.g. "
-                                "{\"command\":\"status\"}"));
-    }
-    if (!request.is_object() || !request.contains("command") || !request["command"].is_string()) {
-      return error_reply(Status(Errc::kInvalidArgument,
-                                "request must be an object with a string \"command\", e.g. "
-                                "{\"command\":\"status\"}"));
-    }
-    try {
-      std::lock_guard lock(handler_mutex_);
-      Result<json> result = handler_(request);
-      if (!result.ok()) return error_reply(result.status());
-      return json{{"ok", true}, {"result", std::move(result).value()}};
-    } catch (const std::exception& e) {
-      return error_reply(Status(Errc::kInternal, std::string("handling '") +
-                                                     request["command"].get<std::string>() +
-                                                     "' failed: " + e.what()));
-    }
-  }
-
-  void serve(int fd) {
+  void serve(Connection& connection) {
+    const int fd = connection.fd.get();
+    auto reply_deadline = [&] { return std::chrono::steady_clock::now() + options_.idle_timeout; };
     std::string buffer;
     for (;;) {
       std::string line;
-      Status read = read_line(fd, buffer, line, kMaxRequestBytes, std::nullopt, path_);
+      Status read = read_line(fd, buffer, line, kMaxRequestBytes,
+                              std::chrono::steady_clock::now() + options_.idle_timeout, path_);
+      if (read.code() == Errc::kTimeout) {
+        int idle = kIdle;
+        if (connection.state.compare_exchange_strong(idle, kBusy)) {
+          send_all(fd,
+                   dump_line(error_reply(
+                       Status(Errc::kTimeout, "no request within " +
+                                                  std::to_string(options_.idle_timeout.count()) +
+                                                  " ms; closing the connection"))),
+                   reply_deadline());
+        }
+        return;
+      }
       if (read.code() == Errc::kResourceExhausted) {
-        send_all(fd, dump_line(error_reply(
-                         Status(Errc::kInvalidArgument, "request larger than " +
-                                                            std::to_string(kMaxRequestBytes) +
-                                                            " bytes; closing the connection"))));
+        send_all(
+            fd,
+            dump_line(error_reply(Status(Errc::kInvalidArgument,
+                                         "request larger than " + std::to_string(kMaxRequestBytes) +
+                                             " bytes; closing the connection"))),
+            reply_deadline());
         return;
       }
       if (!read.ok() || stopping_.load()) return;
+      // Evicted meanwhile (it was idle an instant ago): gone.
+      int idle = kIdle;
+      if (!connection.state.compare_exchange_strong(idle, kBusy)) return;
       if (!line.empty() && line.back() == '\r') line.pop_back();
-      if (line.find_first_not_of(" \t") == std::string::npos) continue;
-      json request = json::parse(line, nullptr, false);
-      if (request.is_object() && request.value("command", json()) == "events") {
-        stream_events(fd);
-        return;
+      if (line.find_first_not_of(" \t") != std::string::npos) {
+        json request = json::parse(line, nullptr, false);
+        if (request.is_object() && request.value("command", json()) == "events") {
+          connection.state = kSubscriber;
+          stream_events(fd);
+          return;
+        }
+        std::string reply = answer_request(line, [this](const json& request) {
+          std::lock_guard lock(handler_mutex_);
+          return handler_(request);
+        });
+        if (!send_all(fd, reply, reply_deadline())) return;
       }
-      if (!send_all(fd, dump_line(handle(line)))) return;
+      connection.state = kIdle;
     }
   }
 
@@ -501,18 +627,41 @@ class Server::Impl {
     {
       std::lock_guard lock(subscribers_mutex_);
       if (stopping_.load()) return;
+      if (subscribers_.size() >= options_.max_subscribers) {
+        send_all(fd,
+                 dump_line(error_reply(Status(Errc::kResourceExhausted,
+                                              "too many event subscribers on " + path_ + " (" +
+                                                  std::to_string(options_.max_subscribers) +
+                                                  "); try again later"))),
+                 std::chrono::steady_clock::now() + options_.idle_timeout);
+        return;
+      }
       subscribers_.push_back(subscriber);
     }
     // Notices the subscriber hanging up while no event is due.
     std::atomic<bool> hung_up{false};
-    std::thread watcher([fd, &hung_up, subscriber] {
-      char byte;
-      while (::recv(fd, &byte, 1, 0) > 0) {
+    std::thread watcher;
+    try {
+      watcher = std::thread([fd, &hung_up, subscriber] {
+        char byte;
+        while (::recv(fd, &byte, 1, 0) > 0) {
+        }
+        hung_up.store(true);
+        std::lock_guard lock(subscriber->mutex);
+        subscriber->wake.notify_all();
+      });
+    } catch (const std::system_error& e) {
+      {
+        std::lock_guard lock(subscribers_mutex_);
+        std::erase(subscribers_, subscriber);
       }
-      hung_up.store(true);
-      std::lock_guard lock(subscriber->mutex);
-      subscriber->wake.notify_all();
-    });
+      send_all(fd,
+               dump_line(error_reply(Status(
+                   Errc::kResourceExhausted,
+                   std::string("control socket: cannot start a thread for events: ") + e.what()))),
+               std::chrono::steady_clock::now() + options_.idle_timeout);
+      return;
+    }
     bool alive = send_all(fd, dump_line(json{{"ok", true}, {"result", {{"subscribed", true}}}}));
     while (alive) {
       std::string line;
@@ -541,8 +690,12 @@ class Server::Impl {
     watcher.join();
   }
 
+  static constexpr std::chrono::milliseconds kAcceptPause{100};
+  static constexpr std::chrono::seconds kControlLogInterval{10};
+
   std::string path_;
   Handler handler_;
+  const ServerOptions options_;
   std::mutex handler_mutex_;
   UniqueFd listen_fd_;
   UniqueFd wake_read_;
@@ -551,13 +704,19 @@ class Server::Impl {
   ino_t ino_;
   std::atomic<bool> stopping_{false};
   std::thread accept_thread_;
+  // The accept loop's own (only it touches them).
+  UniqueFd spare_;  // given up to take and close a connection when out of descriptors
+  bool paused_ = false;
+  LogLimiter accept_errors_{kControlLogInterval, 1};
+  LogLimiter evictions_{kControlLogInterval, 1};
   std::mutex connections_mutex_;
   std::list<std::unique_ptr<Connection>> connections_;
   mutable std::mutex subscribers_mutex_;
   std::vector<std::shared_ptr<Subscriber>> subscribers_;
 };
 
-Result<std::unique_ptr<Server>> Server::start(const std::string& socket_path, Handler handler) {
+Result<std::unique_ptr<Server>> Server::start(const std::string& socket_path, Handler handler,
+                                              const ServerOptions& options) {
   using R = Result<std::unique_ptr<Server>>;
   if (!handler) return R(Errc::kInvalidArgument, "control server needs a handler");
   PMIRROR_ASSIGN_OR_RETURN(sockaddr_un address, make_address(socket_path));
@@ -604,7 +763,7 @@ Result<std::unique_ptr<Server>> Server::start(const std::string& socket_path, Ha
     ::unlink(socket_path.c_str());
     return errno_status(Errc::kIoError, "cannot set mode 0600 on " + socket_path, err);
   }
-  if (::listen(fd.get(), 16) != 0) {
+  if (::listen(fd.get(), 128) != 0) {
     int err = errno;
     ::unlink(socket_path.c_str());
     return errno_status(Errc::kIoError, "listen on " + socket_path, err);
@@ -616,9 +775,9 @@ Result<std::unique_ptr<Server>> Server::start(const std::string& socket_path, Ha
     return errno_status(Errc::kIoError, "pipe", err);
   }
   auto impl =
-      std::make_unique<Impl>(socket_path, std::move(handler), std::move(fd), UniqueFd(pipe_fds[0]),
-                             UniqueFd(pipe_fds[1]), st.st_dev, st.st_ino);
-  impl->start();
+      std::make_unique<Impl>(socket_path, std::move(handler), options, std::move(fd),
+                             UniqueFd(pipe_fds[0]), UniqueFd(pipe_fds[1]), st.st_dev, st.st_ino);
+  PMIRROR_RETURN_IF_ERROR(impl->start());
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 

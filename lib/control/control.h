@@ -53,8 +53,22 @@ constexpr size_t kMaxResponseBytes = 16 * 1024 * 1024;
 // Events queued for one subscriber before further ones are dropped (the
 // subscriber then receives {"dropped": N} before the next event it gets).
 constexpr size_t kSubscriberQueueLimit = 1024;
-// Connections served at once; more are answered with an error and closed.
+// Request connections served at once (event subscribers count apart). When
+// all are taken, a new connection closes the one that has been waiting the
+// longest for a request, so idle clients never lock a fresh request out;
+// only when every one is busy is the new one answered with an error.
 constexpr size_t kMaxConnections = 64;
+// Event subscribers at once; beyond, `events` is refused (kResourceExhausted).
+constexpr size_t kMaxSubscribers = 32;
+// A connection that sends no complete request line for this long is told so
+// and closed; so is one that does not take its response for this long.
+constexpr std::chrono::milliseconds kIdleTimeout{5000};
+
+struct ServerOptions {
+  std::chrono::milliseconds idle_timeout = kIdleTimeout;
+  size_t max_connections = kMaxConnections;
+  size_t max_subscribers = kMaxSubscribers;
+};
 
 // Where control sockets live: $PMIRROR_RUNTIME_DIR, else /run/pmirror.
 std::string runtime_dir();
@@ -80,6 +94,15 @@ using Handler = std::function<Result<nlohmann::json>(const nlohmann::json& reque
 // The error a Handler returns for a command it does not know.
 Status unknown_command(const nlohmann::json& request);
 
+// What a Server replies to one request line (without its "\n" and a
+// trailing "\r"; not blank and not "events", which the Server handles
+// itself): the reply line, "\n"-terminated. `handler` is called only for an
+// object with a string "command"; anything else, an error Status and an
+// exception from the handler become {"ok":false,...}. Pure apart from the
+// handler, so that tests and the control fuzzer (tests/fuzz) reach it
+// without a socket.
+std::string answer_request(const std::string& line, const Handler& handler);
+
 class Server {
  public:
   // Creates the parent directory if missing (0755), replaces a stale socket
@@ -87,7 +110,8 @@ class Server {
   // pmirrord is already running (pid N) on PATH") or if the path exists and
   // is not a socket, binds (mode 0600 before anyone can connect) and starts
   // serving on its own threads.
-  static Result<std::unique_ptr<Server>> start(const std::string& socket_path, Handler handler);
+  static Result<std::unique_ptr<Server>> start(const std::string& socket_path, Handler handler,
+                                               const ServerOptions& options = {});
   // Stops accepting, closes every connection, joins the threads, removes
   // the socket file (only if it is still ours).
   ~Server();

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <limits>
 #include <set>
 
 #include "control/control.h"
@@ -15,13 +16,32 @@ namespace {
 using json = nlohmann::json;
 using Clock = std::chrono::system_clock;
 
+// Control characters (a terminal's escape sequences among them) as \xNN:
+// a status string may carry text a peer chose.
+std::string terminal_safe(const std::string& text) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  for (char ch : text) {
+    auto c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c == 0x7f) {
+      out += "\\x";
+      out += kDigits[c >> 4];
+      out += kDigits[c & 0xf];
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 std::string str(const json& object, const char* key) {
   if (!object.is_object()) return {};
   auto it = object.find(key);
   if (it == object.end()) return {};
-  if (it->is_string()) return it->get<std::string>();
+  if (it->is_string()) return terminal_safe(it->get<std::string>());
   if (it->is_null()) return {};
-  return it->dump();
+  return it->dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 std::optional<uint64_t> number(const json& object, const char* key) {
@@ -34,7 +54,10 @@ std::optional<uint64_t> number(const json& object, const char* key) {
     return v < 0 ? 0 : static_cast<uint64_t>(v);
   }
   double v = it->get<double>();
-  return v < 0 ? 0 : static_cast<uint64_t>(v);
+  if (v < 0) return 0;
+  // At or past 2^64 the conversion would be undefined: the most there is.
+  if (v >= 18446744073709551616.0) return std::numeric_limits<uint64_t>::max();
+  return static_cast<uint64_t>(v);
 }
 
 std::optional<double> real(const json& object, const char* key) {
@@ -164,6 +187,8 @@ std::string volume_line(const json& volume, const json& process) {
   const json& copy = member(volume, "copy");
   // A promoted copy refuses other writers: say so before anything else.
   if (flag(copy, "promoted").value_or(false)) line += " PROMOTED";
+  // A failed volume takes no writer until reopened: as loud.
+  if (str(volume, "state") == "failed") line += " FAILED";
   if (auto v = number(volume, "size")) append_field(line, "size", format_size(*v));
   append_field(line, "backing", str(volume, "backing"));
   // The copy's generation names its data; the volume's own field is the
@@ -297,6 +322,26 @@ std::vector<std::string> volume_names(const nlohmann::json& merged) {
   return {names.begin(), names.end()};
 }
 
+// pmirrord's connections that never authenticated, when there were any:
+// what a flood or a misconfigured initiator looks like (docs/operations.md).
+std::string admission_line(const json& process) {
+  auto it = process.find("admission");
+  if (it == process.end() || !it->is_object()) return {};
+  const json& a = *it;
+  uint64_t now = number(a, "unauthenticated").value_or(0);
+  std::string counts;
+  for (auto [key, what] : {std::pair{"evicted", "evicted"}, std::pair{"timed_out", "timed out"},
+                           std::pair{"dropped", "dropped"}, std::pair{"refused", "refused"},
+                           std::pair{"authentication_failures", "failed authentication"}}) {
+    uint64_t n = number(a, key).value_or(0);
+    if (n > 0) counts += (counts.empty() ? "" : ", ") + std::to_string(n) + " " + what;
+  }
+  if (now == 0 && counts.empty()) return {};
+  return "(" + process_label(process) + ": " + std::to_string(now) +
+         " unauthenticated connection(s) now" + (counts.empty() ? "" : "; since start " + counts) +
+         ")\n";
+}
+
 std::string format_status_human(const nlohmann::json& merged,
                                 const std::optional<std::string>& volume,
                                 const HumanFormat& format) {
@@ -320,6 +365,7 @@ std::string format_status_human(const nlohmann::json& merged,
         }
       }
       if (!any && !volume) idle += "(" + process_label(process) + ": no volumes)\n";
+      if (!volume) idle += admission_line(process);
     }
   }
   std::stable_sort(entries.begin(), entries.end(),
@@ -328,6 +374,7 @@ std::string format_status_human(const nlohmann::json& merged,
   for (const Entry& entry : entries) {
     out += volume_line(*entry.volume, *entry.process) + "\n";
     const json& v = *entry.volume;
+    if (str(v, "state") == "failed") out += "  failed: " + str(v, "error") + "\n";
     if (std::string copy = copy_line(v); !copy.empty()) out += copy + "\n";
     if (v.contains("peers") && v["peers"].is_array() && !v["peers"].empty()) {
       for (const json& peer : v["peers"]) {
@@ -507,28 +554,42 @@ std::string format_verify_human(const nlohmann::json& result, size_t max_ranges)
     if (chunks) compared = std::to_string(*chunks) + (*chunks == 1 ? " chunk" : " chunks");
     if (bytes) compared += (compared.empty() ? "" : ", ") + format_amount(*bytes);
     if (!compared.empty()) compared += " compared";
+    // The first max_ranges of `list`, then "... and N more".
+    auto list_ranges = [&](const json& list, uint64_t count) {
+      size_t shown = 0;
+      if (list.is_array()) {
+        for (const json& range : list) {
+          if (shown == max_ranges) break;
+          auto offset = number(range, "offset");
+          auto length = number(range, "length");
+          char line[96];
+          std::snprintf(line, sizeof(line), "  offset 0x%" PRIx64 " length %s\n",
+                        offset.value_or(0), length ? format_amount(*length).c_str() : "?");
+          out += line;
+          ++shown;
+        }
+      }
+      if (count > shown) out += "  ... and " + std::to_string(count - shown) + " more\n";
+    };
     const json& list = member(peer, "mismatches");
     uint64_t count = number(peer, "mismatch_count").value_or(list.is_array() ? list.size() : 0);
+    const json& busy = member(peer, "busy");
+    uint64_t busy_count = number(peer, "busy_count").value_or(busy.is_array() ? busy.size() : 0);
     if (count == 0) {
-      out += "equal" + (compared.empty() ? "" : " (" + compared + ")") + "\n";
-      continue;
+      out += "equal" + (compared.empty() ? "" : " (" + compared + ")");
+    } else {
+      out += std::to_string(count) + (count == 1 ? " mismatching range" : " mismatching ranges") +
+             (compared.empty() ? "" : " (" + compared + ")") + ":\n";
+      list_ranges(list, count);
     }
-    out += std::to_string(count) + (count == 1 ? " mismatching range" : " mismatching ranges") +
-           (compared.empty() ? "" : " (" + compared + ")") + ":\n";
-    size_t shown = 0;
-    if (list.is_array()) {
-      for (const json& range : list) {
-        if (shown == max_ranges) break;
-        auto offset = number(range, "offset");
-        auto length = number(range, "length");
-        char line[96];
-        std::snprintf(line, sizeof(line), "  offset 0x%" PRIx64 " length %s\n", offset.value_or(0),
-                      length ? format_amount(*length).c_str() : "?");
-        out += line;
-        ++shown;
-      }
+    if (busy_count > 0) {
+      out += std::string(count == 0 ? "; " : "  ") + std::to_string(busy_count) +
+             (busy_count == 1 ? " busy range" : " busy ranges") +
+             " not verified (being written; run verify again):\n";
+      list_ranges(busy, busy_count);
+    } else if (count == 0) {
+      out += "\n";
     }
-    if (count > shown) out += "  ... and " + std::to_string(count - shown) + " more\n";
     if (auto marked = number(peer, "marked_dirty"); marked && *marked > 0) {
       out += "  " + std::to_string(*marked) + (*marked == 1 ? " chunk" : " chunks") +
              " marked dirty; the resync copies them\n";
@@ -601,6 +662,11 @@ std::optional<std::chrono::system_clock::time_point> parse_time(std::string_view
   tm.tm_mon -= 1;
   std::time_t seconds = timegm(&tm);
   if (seconds == static_cast<std::time_t>(-1)) return std::nullopt;
+  // A time the clock cannot hold (before 1677 or after 2262 with
+  // nanoseconds) would overflow in from_time_t: not a time a server sends.
+  using std::chrono::duration_cast;
+  constexpr auto kLimit = duration_cast<std::chrono::seconds>(Clock::duration::max()).count() - 1;
+  if (seconds < -kLimit || seconds > kLimit) return std::nullopt;
   return Clock::from_time_t(seconds) + fraction;
 }
 

@@ -36,6 +36,41 @@ using Labels = std::vector<ClientMetric::Label>;
 constexpr const char* kPeerStates[] = {"connecting",   "handshaking", "syncing",     "connected",
                                        "disconnected", "refused",     "split-brain", "failed"};
 
+// `text` with every byte sequence that is not UTF-8 replaced by U+FFFD.
+std::string valid_utf8(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  size_t i = 0;
+  while (i < text.size()) {
+    auto c = static_cast<unsigned char>(text[i]);
+    size_t len = c < 0x80           ? 1
+                 : (c >> 5) == 0x6  ? 2
+                 : (c >> 4) == 0xe  ? 3
+                 : (c >> 3) == 0x1e ? 4
+                                    : 0;
+    bool ok = len > 0 && i + len <= text.size();
+    for (size_t k = 1; ok && k < len; ++k) {
+      ok = (static_cast<unsigned char>(text[i + k]) & 0xc0) == 0x80;
+    }
+    if (ok && len > 1) {
+      // No overlong forms, surrogates or code points beyond U+10FFFF.
+      uint32_t cp = c & (0x7f >> len);
+      for (size_t k = 1; k < len; ++k)
+        cp = (cp << 6) | (static_cast<unsigned char>(text[i + k]) & 0x3f);
+      static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+      ok = cp >= kMin[len] && cp <= 0x10ffff && (cp < 0xd800 || cp > 0xdfff);
+    }
+    if (ok) {
+      out.append(text, i, len);
+      i += len;
+    } else {
+      out += "\xEF\xBF\xBD";  // U+FFFD
+      ++i;
+    }
+  }
+  return out;
+}
+
 // Builds the families of one scrape. Unusable fields are skipped and
 // counted in errors_.
 class Converter {
@@ -46,6 +81,7 @@ class Converter {
       error("the snapshot is not a JSON object");
     } else {
       process(snapshot);
+      admission(snapshot);
       volumes(snapshot);
     }
     gauge("pmirror_up", "1 when the process answered its status snapshot, 0 when it failed", {},
@@ -114,7 +150,44 @@ class Converter {
       error(where + "." + key + " is not a string");
       return std::nullopt;
     }
-    return it->get<std::string>();
+    // Label values must be UTF-8 (the text format says so); a peer's odd
+    // bytes must not make the scrape unreadable.
+    return valid_utf8(it->get<std::string>());
+  }
+
+  // Connections not yet authenticated (pmirrord: "admission").
+  void admission(const json& snapshot) {
+    auto it = snapshot.find("admission");
+    if (it == snapshot.end()) return;
+    if (!it->is_object()) {
+      error("admission is not an object");
+      return;
+    }
+    if (auto v = number(*it, "unauthenticated", "admission")) {
+      gauge("pmirror_unauthenticated_connections",
+            "connections whose peer has not authenticated yet (transport hello or handshake)", {},
+            *v);
+    }
+    struct Counter {
+      const char* key;
+      const char* name;
+      const char* help;
+    };
+    for (const Counter& c :
+         {Counter{"evicted", "pmirror_unauthenticated_evicted_total",
+                  "unauthenticated connections closed to make room under max_unauthenticated(_per_"
+                  "source) or for a file descriptor"},
+          Counter{"timed_out", "pmirror_handshake_timeouts_total",
+                  "connections that did not complete the handshake within handshake_timeout"},
+          Counter{"dropped", "pmirror_connections_dropped_total",
+                  "connections accepted and closed at once: out of file descriptors or memory"},
+          Counter{"refused", "pmirror_handshakes_refused_total",
+                  "connections refused before authentication: not a pmirror peer, unknown volume, "
+                  "unexpected message, out of threads"},
+          Counter{"authentication_failures", "pmirror_authentication_failures_total",
+                  "initiators refused for an unknown identity or a wrong secret"}}) {
+      if (auto v = number(*it, c.key, "admission")) counter(c.name, c.help, {}, *v);
+    }
   }
 
   void process(const json& snapshot) {
@@ -180,6 +253,12 @@ class Converter {
     if (auto last = number(v, "last_sequence", where)) {
       gauge("pmirror_volume_last_sequence",
             "replica: last sequence recorded; primary: last sequence started", labels, *last);
+    }
+    if (auto state = text(v, "state", where)) {
+      gauge("pmirror_volume_failed",
+            "replica: 1 when the volume failed (a write-back error, a fault on its mapping) and "
+            "takes no writer until reopened, else 0",
+            labels, *state == "failed" ? 1 : 0);
     }
     Labels info = labels;
     if (auto path = text(v, "path", where)) info.push_back({"path", *path});

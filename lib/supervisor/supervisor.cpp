@@ -11,6 +11,7 @@ std::string_view state_name(PeerState state) {
     case PeerState::kHandshaking: return "handshaking";
     case PeerState::kSyncing: return "syncing";
     case PeerState::kConnected: return "connected";
+    case PeerState::kLagging: return "lagging";
     case PeerState::kDisconnected: return "disconnected";
     case PeerState::kRefused: return "refused";
     case PeerState::kSplitBrain: return "split-brain";

@@ -19,6 +19,8 @@ enum class PeerState {
   kHandshaking,   // connected, authenticating / exchanging the descriptor
   kSyncing,       // session up, copy being brought up to date (not counted for acks)
   kConnected,     // in sync: persists wait for it
+  kLagging,       // session up, but it fell behind: its writes are recorded dirty instead of
+                  // waited for (not counted for acks) until it answers again and is resynced
   kDisconnected,  // lost; reconnect scheduled
   kRefused,       // the peer refused us (auth, unknown volume, busy); retried slowly
   kSplitBrain,    // both copies moved on from a common generation; never synced automatically

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <system_error>
 
 namespace pmirror::systemd {
 
@@ -70,13 +71,25 @@ WatchdogPinger::WatchdogPinger(std::function<bool()> healthy) : healthy_(std::mo
   auto interval = watchdog_interval();
   if (!interval) return;
   period_ = *interval / 2;
-  thread_ = std::thread([this] { run(); });
+  start();
 }
 
 WatchdogPinger::WatchdogPinger(std::chrono::microseconds interval, std::function<bool()> healthy)
     : healthy_(std::move(healthy)), period_(interval / 2) {
   if (period_.count() <= 0) return;
-  thread_ = std::thread([this] { run(); });
+  start();
+}
+
+void WatchdogPinger::start() {
+  try {
+    thread_ = std::thread([this] { run(); });
+  } catch (const std::system_error& e) {
+    // Out of threads: no pings, so systemd restarts us -- better than an abort.
+    spdlog::error(
+        "watchdog: cannot start the ping thread: {}; systemd's watchdog will restart the "
+        "service",
+        e.what());
+  }
 }
 
 WatchdogPinger::~WatchdogPinger() {

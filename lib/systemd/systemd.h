@@ -65,6 +65,7 @@ class WatchdogPinger {
   std::chrono::microseconds period() const { return period_; }
 
  private:
+  void start();
   void run();
 
   std::function<bool()> healthy_;

@@ -1,11 +1,16 @@
 #include "target/target.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <list>
 #include <nlohmann/json.hpp>
+#include <system_error>
 #include <thread>
 
 #include "protocol/protocol.h"
@@ -13,8 +18,8 @@
 
 namespace pmirror::target {
 
-uint32_t offered_methods(transport::Kind kind, const config::VolumeConfig& volume,
-                         const region::Region& region) {
+uint32_t offered_methods(const transport::Capabilities& transport,
+                         const config::VolumeConfig& volume, const region::Region& region) {
   uint32_t methods = protocol::kMethodGpspm;  // the target CPU can always persist on request
   switch (volume.apm) {
     case config::ApmPolicy::kOff:
@@ -23,11 +28,13 @@ uint32_t offered_methods(transport::Kind kind, const config::VolumeConfig& volum
       methods |= protocol::kMethodApm;
       break;
     case config::ApmPolicy::kAuto:
-      // Over tcp the target answers a Read only after persisting every
-      // earlier Write, so read-after-write is a flush on any backing. Over
-      // rdma the NIC places data without the CPU: that is durable only on
-      // pmem (and only with DDIO off or eADR, which `apm: on` asserts).
-      if (kind == transport::Kind::kTcp || region.is_pmem()) methods |= protocol::kMethodApm;
+      // Where the transport makes a Read wait for earlier Writes to be
+      // durable (tcp: the target persists them first), read-after-write is
+      // a flush on any backing. Otherwise (rdma) the NIC places data
+      // without the CPU: durable only on pmem (and only with DDIO off or
+      // eADR, which `apm: on` asserts).
+      if (transport.read_flushes_writes_on_any_backing || region.is_pmem())
+        methods |= protocol::kMethodApm;
       break;
   }
   return methods;
@@ -48,15 +55,51 @@ Status checkpoint(state::StateStore& state, ServedVolume& volume) {
   return Status::Ok();
 }
 
+bool ServedVolume::allows(const std::string& identity, std::string* secret_out) {
+  std::lock_guard lock(mutex);
+  if (secret_out != nullptr) *secret_out = secret;
+  return std::find(allowed_peers.begin(), allowed_peers.end(), identity) != allowed_peers.end();
+}
+
 namespace {
 
-// Settings that need the volume reopened when they change. `peers` and
-// `primary` are not among them: peers is updated in place.
+// Settings that need the volume reopened when they change. `peers`,
+// `primary`, `allowed_peers` and `secret` are not among them: they are
+// updated in place, and a session goes on unless its identity lost access.
 bool same_settings(const config::VolumeConfig& a, const config::VolumeConfig& b) {
-  return a.path == b.path && a.size == b.size && a.create == b.create &&
-         a.allowed_peers == b.allowed_peers && a.secret == b.secret && a.apm == b.apm &&
+  return a.path == b.path && a.size == b.size && a.create == b.create && a.apm == b.apm &&
          a.metadata_path == b.metadata_path && a.chunk == b.chunk;
 }
+
+// A refused start leaves nothing behind: removes the state pool when this
+// start created it and then failed. "Created": missing when the start
+// began, then opened (and locked) by it -- never another daemon's pool.
+class NewPoolRemover {
+ public:
+  explicit NewPoolRemover(std::string path) : path_(std::move(path)) {
+    struct stat st {};
+    existed_ = ::stat(path_.c_str(), &st) == 0 || errno != ENOENT;
+  }
+  ~NewPoolRemover() {
+    if (!created_ || started_) return;
+    if (::unlink(path_.c_str()) == 0) {
+      spdlog::info("removed the state pool {} this refused start had created", path_);
+    } else {
+      spdlog::warn("could not remove the state pool {} this refused start had created: {}", path_,
+                   std::strerror(errno));
+    }
+  }
+  NewPoolRemover(const NewPoolRemover&) = delete;
+  NewPoolRemover& operator=(const NewPoolRemover&) = delete;
+  void opened() { created_ = !existed_; }
+  void started() { started_ = true; }
+
+ private:
+  std::string path_;
+  bool existed_ = true;
+  bool created_ = false;
+  bool started_ = false;
+};
 
 // How long promote --force waits for the evicted session to let go.
 constexpr std::chrono::milliseconds kEvictWait{10000};
@@ -73,8 +116,10 @@ class Target::Impl {
   TargetOptions options;
   std::unique_ptr<state::StateStore> state;
   std::unique_ptr<transport::Listener> listener;
+  transport::Capabilities capabilities;  // of config.transport, asked at start
   std::atomic<bool> stopping{false};
   std::chrono::system_clock::time_point started_at = std::chrono::system_clock::now();
+  AdmissionStats admission;
 
   mutable std::mutex volumes_mutex;
   std::vector<std::shared_ptr<ServedVolume>> volumes;  // guarded by volumes_mutex
@@ -111,13 +156,16 @@ class Target::Impl {
     open_options.path = volume_config.path;
     open_options.size = volume_config.size;
     open_options.create = volume_config.create;
+    open_options.name = volume_config.name;  // its errors name the volume
     auto region = region::Region::open(open_options);
-    if (!region.ok()) return region.status().with_context("volume '" + volume_config.name + "'");
+    if (!region.ok()) return region.status();
     auto served = std::make_shared<ServedVolume>();
     served->config = volume_config;
     served->region = std::move(region).value();
-    served->methods = offered_methods(config.transport, volume_config, *served->region);
+    served->methods = offered_methods(capabilities, volume_config, *served->region);
     served->peers = volume_config.peers;
+    served->allowed_peers = volume_config.allowed_peers;
+    served->secret = volume_config.secret;
     // Open (creating it if needed) the copy's metadata once, so that a
     // wrong path or a mismatched pool fails now rather than at the first
     // session. Busy is fine: a local primary (or, on reload, this volume's
@@ -216,13 +264,22 @@ Target::~Target() {
 
 Result<std::unique_ptr<Target>> Target::start(const config::DaemonConfig& config,
                                               const TargetOptions& options) {
+  // Declared before impl, so that on a refused start it runs once impl has
+  // closed the pool.
+  NewPoolRemover remover(config.state_pool);
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->options = options;
+  // Before anything is created: a transport this build lacks (rdma with
+  // PMIRROR_RDMA=OFF) is refused with the registry's reason.
+  auto capabilities = transport::capabilities(config.transport);
+  if (!capabilities.ok()) return capabilities.status().with_context("node " + config.node);
+  impl->capabilities = *capabilities;
 
   auto state = state::StateStore::open(config.state_pool, /*create_if_missing=*/true);
   if (!state.ok()) return state.status().with_context("opening the state pool");
   impl->state = std::move(state).value();
+  remover.opened();
 
   for (const auto& volume_config : config.volumes) {
     PMIRROR_ASSIGN_OR_RETURN(auto served, impl->open_volume(volume_config));
@@ -230,8 +287,12 @@ Result<std::unique_ptr<Target>> Target::start(const config::DaemonConfig& config
   }
 
   transport::ConnectionOptions connection_options;
-  auto listener =
-      transport::listen(config.transport, config.listen_address, config.port, connection_options);
+  transport::AdmissionOptions admission;
+  admission.handshake_timeout = options.handshake_timeout;
+  admission.max_unauthenticated = options.max_unauthenticated;
+  admission.max_unauthenticated_per_source = options.max_unauthenticated_per_source;
+  auto listener = transport::listen(config.transport, config.listen_address, config.port,
+                                    connection_options, admission);
   if (!listener.ok()) {
     return listener.status().with_context(
         "listening on " + config.listen_address + ":" + std::to_string(config.port) + " (" +
@@ -242,35 +303,49 @@ Result<std::unique_ptr<Target>> Target::start(const config::DaemonConfig& config
   spdlog::info("listening on {}:{} ({}), {} volume(s)", config.listen_address,
                impl->listener->port(), transport::kind_name(config.transport),
                impl->volumes.size());
+  remover.started();
   return std::unique_ptr<Target>(new Target(std::move(impl)));
 }
 
 Status Target::run() {
   Impl& impl = *impl_;
-  SessionContext context{impl.options, impl.config.node, *impl.state,
-                         [&impl](const std::string& name) { return impl.find(name); },
-                         impl.stopping};
-  impl.checkpointer = std::thread([&impl] { impl.checkpoint_loop(); });
-  while (!impl.stopping.load()) {
-    auto accepted = impl.listener->accept(std::chrono::milliseconds(200));
-    impl.reap(false);
-    if (!accepted.ok()) {
-      if (impl.stopping.load()) break;
-      // A failed accept (a peer that hung up mid-handshake, garbage) must not
-      // take the daemon down: log it and keep serving.
-      spdlog::info("accept: {}", accepted.status().to_string());
-      continue;
-    }
-    if (!*accepted) continue;  // timeout
-    auto done = std::make_shared<std::atomic<bool>>(false);
-    std::lock_guard lock(impl.sessions_mutex);
-    impl.sessions.push_back(
-        {std::thread([&context, done, connection = std::move(accepted).value()]() mutable {
-           serve_session(context, std::move(connection));
-           done->store(true);
-         }),
-         done});
+  SessionContext context{
+      impl.options,  impl.config.node,
+      *impl.state,   [&impl](const std::string& name) { return impl.find(name); },
+      impl.stopping, impl.admission};
+  try {
+    impl.checkpointer = std::thread([&impl] { impl.checkpoint_loop(); });
+  } catch (const std::system_error& e) {
+    return Status(Errc::kResourceExhausted, std::string("cannot start the checkpoint thread: ") +
+                                                e.what() +
+                                                " (is the task limit, TasksMax=, too low?)");
   }
+  // Peers are admitted on this thread; each authenticated one gets a
+  // session thread (and its connection's threads) -- a stranger gets none.
+  Admission admission(context, *impl.listener, [&impl, &context](AdmittedPeer& peer) -> Status {
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    // Shared so that the peer survives a thread that could not be created.
+    auto shared = std::make_shared<AdmittedPeer>(std::move(peer));
+    std::lock_guard lock(impl.sessions_mutex);
+    try {
+      impl.sessions.push_back({std::thread([&context, done, shared] {
+                                 serve_session(context, std::move(*shared));
+                                 done->store(true);
+                               }),
+                               done});
+    } catch (const std::system_error& e) {
+      peer = std::move(*shared);
+      return Status(Errc::kResourceExhausted,
+                    std::string("cannot start a session thread: ") + e.what());
+    }
+    return Status::Ok();
+  });
+  while (!impl.stopping.load()) {
+    bool open = admission.step(std::chrono::milliseconds(200));
+    impl.reap(false);
+    if (!open) break;
+  }
+  admission.close_all();
   impl.reap(true);
   impl.checkpoint_wake.notify_all();
   if (impl.checkpointer.joinable()) impl.checkpointer.join();
@@ -303,8 +378,18 @@ Status Target::reload(const config::DaemonConfig& config) {
     return Status(Errc::kConfigError,
                   "state_pool cannot change on reload; restart pmirrord to apply it");
   }
+  if (config.handshake_timeout != impl.config.handshake_timeout ||
+      config.max_unauthenticated != impl.config.max_unauthenticated ||
+      config.max_unauthenticated_per_source != impl.config.max_unauthenticated_per_source) {
+    return Status(Errc::kConfigError,
+                  "handshake_timeout, max_unauthenticated and max_unauthenticated_per_source "
+                  "belong to the listener and cannot change on reload; restart pmirrord to apply "
+                  "them");
+  }
   // Open everything new first: if any volume fails, nothing changes.
   std::vector<std::shared_ptr<ServedVolume>> next;
+  // Volumes kept open, with their new settings (applied once nothing failed).
+  std::vector<std::pair<std::shared_ptr<ServedVolume>, const config::VolumeConfig*>> kept;
   std::vector<std::string> added, removed, changed;
   auto current = impl.all_volumes();
   for (const auto& volume_config : config.volumes) {
@@ -312,11 +397,15 @@ Status Target::reload(const config::DaemonConfig& config) {
     for (auto& v : current) {
       if (v->config.name == volume_config.name) existing = v;
     }
-    if (existing && same_settings(existing->config, volume_config)) {
-      {
-        std::lock_guard lock(existing->mutex);
-        existing->peers = volume_config.peers;
-      }
+    // A failed volume is reopened by any reload: the operator's way of
+    // saying the cause is fixed (a new mapping starts without the failure).
+    const bool reopen = existing && existing->region->failed();
+    if (reopen) {
+      spdlog::warn("volume {}: reopening it, which had failed: {}", volume_config.name,
+                   existing->region->failure().message());
+    }
+    if (existing && !reopen && same_settings(existing->config, volume_config)) {
+      kept.emplace_back(existing, &volume_config);
       next.push_back(existing);
       continue;
     }
@@ -327,13 +416,42 @@ Status Target::reload(const config::DaemonConfig& config) {
     } else {
       added.push_back(volume_config.name);
     }
-    PMIRROR_ASSIGN_OR_RETURN(auto opened, impl.open_volume(volume_config));
-    next.push_back(std::move(opened));
+    auto opened = impl.open_volume(volume_config);
+    if (!opened.ok() && reopen && same_settings(existing->config, volume_config)) {
+      // Still broken (e.g. its file was truncated): it stays failed, and the
+      // rest of the reload goes on.
+      spdlog::error("volume {}: stays failed: reopening it failed: {}", volume_config.name,
+                    opened.status().message());
+      changed.pop_back();
+      kept.emplace_back(existing, &volume_config);
+      next.push_back(existing);
+      continue;
+    }
+    if (!opened.ok()) return opened.status();
+    next.push_back(std::move(opened).value());
+  }
+  for (auto& [volume, volume_config] : kept) {
+    bool access_changed = false;
+    {
+      std::lock_guard lock(volume->mutex);
+      volume->peers = volume_config->peers;
+      access_changed = volume->allowed_peers != volume_config->allowed_peers;
+      volume->allowed_peers = volume_config->allowed_peers;
+      volume->secret = volume_config->secret;
+    }
+    if (access_changed) {
+      ++volume->access_version;  // its session checks its identity again
+      std::string peers;
+      for (const auto& peer : volume_config->allowed_peers) {
+        peers += (peers.empty() ? "" : ", ") + peer;
+      }
+      spdlog::info("volume {}: allowed_peers now {}", volume_config->name, peers);
+    }
   }
   for (auto& v : current) {
-    bool kept = false;
-    for (auto& n : next) kept = kept || n == v;
-    if (!kept) {
+    bool still_served = false;
+    for (auto& n : next) still_served = still_served || n == v;
+    if (!still_served) {
       v->removed = true;  // its session ends at its next idle moment
       bool renamed_or_changed = false;
       for (auto& name : changed) renamed_or_changed = renamed_or_changed || name == v->config.name;
@@ -344,7 +462,10 @@ Status Target::reload(const config::DaemonConfig& config) {
     std::lock_guard lock(impl.volumes_mutex);
     impl.volumes = std::move(next);
   }
-  impl.config = config;
+  // impl.config is not replaced: what a reload may change lives in the
+  // volumes (swapped above, under volumes_mutex); what it may not (node,
+  // listener, state pool, admission) was checked equal. Status, promote and
+  // demote read impl.config from other threads without a lock.
   auto join = [](const std::vector<std::string>& names) {
     std::string out;
     for (auto& n : names) out += (out.empty() ? "" : ", ") + n;
@@ -469,6 +590,7 @@ std::vector<VolumeStatus> Target::status() const {
     s.size = v->region->size();
     s.is_pmem = v->region->is_pmem();
     s.methods = v->methods;
+    s.failure = v->region->failure().message();
     {
       std::lock_guard lock(v->mutex);
       s.writer = v->writer;
@@ -492,6 +614,12 @@ std::string Target::status_json() const {
     volume["size"] = v->region->size();
     volume["path"] = v->config.path;
     volume["backing"] = region::backing_name(v->region->backing());
+    if (Status failure = v->region->failure(); !failure.ok()) {
+      volume["state"] = "failed";
+      volume["error"] = failure.message();
+    } else {
+      volume["state"] = "ok";
+    }
     auto recorded = impl_->state->get(v->config.name);
     volume["generation"] = recorded.ok() ? recorded->generation : 0;
     volume["last_sequence"] = recorded.ok() ? recorded->last_sequence : 0;
@@ -534,7 +662,23 @@ std::string Target::status_json() const {
                        {"started_at", supervisor::format_time(impl_->started_at)},
                        {"version", "0.1.0"}};
   status["volumes"] = std::move(volumes);
-  return status.dump();
+  // Connections not yet authenticated: the transport's counts (hello
+  // stage, evictions) and ours (Hello/AuthResponse stage).
+  const transport::AdmissionCounters listener = impl_->listener->admission();
+  const AdmissionStats& ours = impl_->admission;
+  status["admission"] = {
+      {"unauthenticated", std::max(listener.unauthenticated, ours.unauthenticated.load())},
+      {"evicted", listener.evicted},
+      {"timed_out", listener.timed_out + ours.timed_out.load()},
+      {"dropped", listener.dropped},
+      {"refused", listener.failed + ours.refused.load()},
+      {"authentication_failures", ours.authentication_failures.load()},
+      {"max_unauthenticated", impl_->options.max_unauthenticated},
+      {"max_unauthenticated_per_source", impl_->options.max_unauthenticated_per_source},
+      {"handshake_timeout_ms", impl_->options.handshake_timeout.count()}};
+  // Replace, never throw: a string that is not UTF-8 must not take status
+  // (and the metrics built from it) down.
+  return status.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace pmirror::target

@@ -28,8 +28,15 @@ struct TargetOptions {
   // heartbeats while idle), so a silently dead writer does not keep its
   // volume claimed for ever.
   std::chrono::milliseconds session_timeout{15000};
-  // Time allowed for the handshake (Hello through AuthResponse).
-  std::chrono::milliseconds handshake_timeout{10000};
+  // Admission of peers not yet authenticated (docs/architecture.md,
+  // "Admission"): the transport's hello must complete within
+  // handshake_timeout of the accept, and Hello through AuthResponse within
+  // handshake_timeout after that. At most max_unauthenticated such
+  // connections (max_unauthenticated_per_source from one address) are kept;
+  // a new one makes room by closing the oldest.
+  std::chrono::milliseconds handshake_timeout{5000};
+  uint32_t max_unauthenticated = 64;
+  uint32_t max_unauthenticated_per_source = 16;
   // How often a volume's progress (last applied sequence) is written to the
   // state pool while a session runs. A pmemobj transaction costs
   // milliseconds on a plain file; the data itself is durable regardless.
@@ -48,6 +55,9 @@ struct VolumeStatus {
   std::string writer;    // identity@address of the connected writer, empty if none
   uint64_t generation = 0;
   uint64_t last_sequence = 0;  // last sequence recorded in the state pool
+  // Empty, or why the volume failed (a write-back error, a fault on its
+  // mapping): it then takes no writer until a reload or restart reopens it.
+  std::string failure;
 };
 
 class Target {
@@ -94,9 +104,11 @@ class Target {
 
   // Applies a new configuration without touching what did not change:
   // volumes only in the new one are mapped and served, volumes gone from it
-  // are dropped (their session ends), volumes whose settings changed are
-  // reopened. The listener settings cannot change on reload. On any error
-  // nothing is changed and the old configuration stays in force.
+  // are dropped (their session ends), volumes whose settings changed, and
+  // failed volumes, are reopened. The listener settings cannot change on
+  // reload. On any error nothing is changed and the old configuration stays
+  // in force -- except that a failed volume which still cannot be reopened
+  // stays failed (logged) while the rest applies.
   Status reload(const config::DaemonConfig& config);
 
   class Impl;

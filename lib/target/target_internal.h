@@ -12,9 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "auth/auth.h"
+#include "common/log_limit.h"
 #include "config/config.h"
 #include "metadata/metadata.h"
 #include "region/region.h"
+#include "session/session.h"
 #include "state/state.h"
 #include "supervisor/supervisor.h"
 #include "target/target.h"
@@ -53,6 +56,16 @@ struct ServedVolume {
   // The volume's other nodes (config.peers, updated in place by a reload
   // that changes nothing else); guarded by mutex.
   std::vector<std::string> peers;
+  // Who may open the volume and the secret they prove, updated in place by
+  // a reload (config.allowed_peers and config.secret are the values it was
+  // opened with); guarded by mutex. access_version counts the reloads that
+  // changed allowed_peers: a session then checks that its identity is
+  // still allowed.
+  std::vector<std::string> allowed_peers;
+  std::string secret;
+  std::atomic<uint64_t> access_version{0};
+  // Whether `identity` may open the volume now; its secret in `secret`.
+  bool allows(const std::string& identity, std::string* secret_out = nullptr);
   // The writer's session has ended and is writing its last checkpoint: a
   // new writer waits for it rather than being refused (an initiator that
   // closes and reopens at once must not see "busy").
@@ -131,6 +144,15 @@ std::string hex16(uint64_t value);
 // Writes a volume's published progress to the state pool if it moved.
 Status checkpoint(state::StateStore& state, ServedVolume& volume);
 
+// What the target counts about peers before they authenticate (the
+// transport's own counts come from Listener::admission()).
+struct AdmissionStats {
+  std::atomic<uint64_t> unauthenticated{0};  // handshakes under way now
+  std::atomic<uint64_t> timed_out{0};        // no Hello / AuthResponse in time
+  std::atomic<uint64_t> authentication_failures{0};
+  std::atomic<uint64_t> refused{0};  // bad first message, unknown volume, out of threads
+};
+
 // Everything a session needs from the daemon.
 struct SessionContext {
   const TargetOptions& options;
@@ -138,13 +160,74 @@ struct SessionContext {
   state::StateStore& state;
   std::function<std::shared_ptr<ServedVolume>(const std::string& name)> find_volume;
   const std::atomic<bool>& stopping;
+  AdmissionStats& admission;
 };
 
-// Serves one initiator until it leaves, errs, or the daemon stops.
-void serve_session(SessionContext& context, std::unique_ptr<transport::Connection> connection);
+// An initiator that has proven the volume's secret: what its session
+// starts from. Admission has activated its connection (transport.h).
+struct AdmittedPeer {
+  std::unique_ptr<transport::Connection> connection;
+  std::unique_ptr<session::Messenger> messenger;  // on `connection`
+  std::shared_ptr<ServedVolume> volume;
+  std::shared_ptr<SessionRecord> record;  // already in volume->sessions
+  protocol::Hello hello;                  // volume, identity, client nonce
+  auth::Nonce server_nonce{};
+  std::string who;  // identity@address, for logs and status
+  // The volume's secret it proved, and the access_version it was checked
+  // against (a reload may change allowed_peers while the session runs).
+  std::string secret;
+  uint64_t access_checked = 0;
+};
 
-// Which persistency methods a volume may promise on this transport.
-uint32_t offered_methods(transport::Kind kind, const config::VolumeConfig& volume,
-                         const region::Region& region);
+// Serves one authenticated initiator (on its own thread) until it leaves,
+// errs, or the daemon stops: claims the volume, registers it, answers with
+// the VolumeDescriptor, then the session.
+void serve_session(SessionContext& context, AdmittedPeer peer);
+
+// The handshakes of initiators not yet authenticated, all on one thread
+// (the one running Target::run) and without a thread each: accepts what
+// the listener has, drives every connection's Hello -> Challenge ->
+// AuthResponse without blocking (poll(2) on the connections' wait_fd()s),
+// ends those past handshake_timeout, and hands each authenticated peer to
+// start_session. Only then does a SessionRecord exist: nothing a stranger
+// sends reaches status. See docs/architecture.md, "Admission".
+class Admission {
+ public:
+  // Starts the peer's session thread (its connection already active). Not
+  // ok (out of threads): the peer is left as it was, and refused.
+  using StartSession = std::function<Status(AdmittedPeer& peer)>;
+
+  Admission(SessionContext& context, transport::Listener& listener, StartSession start_session);
+  ~Admission();
+  Admission(const Admission&) = delete;
+  Admission& operator=(const Admission&) = delete;
+
+  // Waits up to `timeout` for work and does it. false once the listener was
+  // shut down.
+  bool step(std::chrono::milliseconds timeout);
+  // Drops every handshake under way (the daemon stops).
+  void close_all();
+
+ private:
+  struct Handshake;
+  enum class Outcome { kContinue, kDone };
+  Outcome advance(Handshake& handshake);
+  Outcome on_hello(Handshake& handshake, const protocol::Hello& hello);
+  Outcome on_auth(Handshake& handshake, const protocol::AuthResponse& response);
+  void refuse(Handshake& handshake, Errc code, const std::string& text);
+  void log_summaries();
+
+  SessionContext& context_;
+  transport::Listener& listener_;
+  StartSession start_session_;
+  std::vector<std::unique_ptr<Handshake>> handshakes_;
+  LogLimiter refused_log_;     // refusals: unknown volume, bad message, authentication
+  LogLimiter no_session_log_;  // vanished, timed out, a failed transport hello
+};
+
+// Which persistency methods a volume may promise over a transport with
+// these capabilities (docs/architecture.md, "Which method").
+uint32_t offered_methods(const transport::Capabilities& transport,
+                         const config::VolumeConfig& volume, const region::Region& region);
 
 }  // namespace pmirror::target

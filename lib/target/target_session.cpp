@@ -3,12 +3,14 @@
 // path never show up here: the transport places them into the registered
 // region (the NIC over rdma; the connection's receiver over tcp).
 #include <spdlog/spdlog.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <optional>
 
 #include "auth/auth.h"
+#include "common/fault.h"
 #include "session/session.h"
 #include "target/target_internal.h"
 
@@ -122,7 +124,10 @@ Status adopt(metadata::CopyMetadata& md, const protocol::SetGeneration& request)
   return Status::Ok();
 }
 
-// VerifyRequest: XXH3-64 of each chunk of the range.
+// VerifyRequest: XXH3-64 of each chunk of the range (protocol::hash_chunks,
+// computed here chunk by chunk under a fault guard: a chunk the mapping
+// cannot deliver -- a truncated file, a media error -- fails the volume, not
+// the daemon, and the guard abandons no allocation).
 Result<protocol::VerifyReply> verify(const region::Region& region,
                                      const protocol::VerifyRequest& request) {
   PMIRROR_RETURN_IF_ERROR(protocol::check_verify_request(request, region.size()));
@@ -130,88 +135,57 @@ Result<protocol::VerifyReply> verify(const region::Region& region,
   protocol::VerifyReply reply;
   reply.offset = request.offset;
   reply.chunk_size = request.chunk_size;
-  reply.hashes = protocol::hash_chunks(
-      std::span<const std::byte>(base + request.offset, request.length), request.chunk_size);
+  reply.hashes.resize(protocol::chunk_count(request.length, request.chunk_size));
+  for (size_t i = 0; i < reply.hashes.size(); ++i) {
+    uint64_t at = i * request.chunk_size;
+    const std::byte* chunk = base + request.offset + at;
+    size_t n = static_cast<size_t>(std::min<uint64_t>(request.chunk_size, request.length - at));
+    uint64_t* out = &reply.hashes[i];
+    if (auto fault = fault::guarded(chunk, n, [&] { *out = XXH3_64bits(chunk, n); })) {
+      return fault::report(*fault);  // fails the region
+    }
+  }
   return reply;
+}
+
+// Why a failed volume takes no writer, and what the operator does.
+std::string failed_volume_text(const std::string& name, const std::string& node,
+                               const Status& failure) {
+  return "volume '" + name + "' on node " + node +
+         " has failed and takes no writer until an operator fixes the cause and reopens it "
+         "(`systemctl reload pmirrord` or a restart): " +
+         failure.message();
 }
 
 }  // namespace
 
-void serve_session(SessionContext& context, std::unique_ptr<transport::Connection> connection) {
-  const std::string peer = connection->peer_address();
-  session::Messenger messenger(*connection);
-
-  auto first = messenger.receive(context.options.handshake_timeout, "Hello");
-  if (!first.ok()) {
-    spdlog::warn("{}: no session: {}", peer, first.status().to_string());
-    connection->shutdown();
-    return;
-  }
-  auto* hello = std::get_if<protocol::Hello>(&*first);
-  if (hello == nullptr) {
-    spdlog::warn("{}: expected Hello, got {}", peer,
-                 protocol::type_name(protocol::type_of(*first)));
-    session::refuse(messenger, Errc::kProtocolError, "expected Hello first");
-    return;
-  }
-  const std::string identity = hello->identity;
-  const std::string who = identity + "@" + peer;
-  std::shared_ptr<ServedVolume> volume = context.find_volume(hello->volume);
-  if (volume == nullptr) {
-    spdlog::warn("{}: refused: no volume '{}'", who, hello->volume);
-    session::refuse(messenger, Errc::kNotFound, "no volume '" + hello->volume + "' on this target");
-    return;
-  }
+void serve_session(SessionContext& context, AdmittedPeer peer) {
+  // The handshake (Hello, Challenge, AuthResponse) ran in Admission
+  // (target_admission.cpp); the peer has proven the volume's secret, and
+  // its connection is active.
+  std::unique_ptr<transport::Connection> connection = std::move(peer.connection);
+  session::Messenger& messenger = *peer.messenger;
+  const std::string& identity = peer.hello.identity;
+  const std::string& who = peer.who;
+  std::shared_ptr<ServedVolume> volume = std::move(peer.volume);
+  std::shared_ptr<SessionRecord> record = std::move(peer.record);
   const std::string& name = volume->config.name;
-  auto record = std::make_shared<SessionRecord>(name, who, context.options.on_event);
-  {
-    std::lock_guard lock(volume->mutex);
-    volume->sessions.push_front(record);
-    if (volume->sessions.size() > ServedVolume::kKeptSessions) volume->sessions.pop_back();
-  }
+  auth::SessionContext auth_context{name, identity, peer.hello.client_nonce, peer.server_nonce};
   auto refuse_session = [&](Errc code, const std::string& text) {
     record->state.transition(supervisor::PeerState::kRefused, text);
     session::refuse(messenger, code, text);
   };
-
-  auto server_nonce = auth::random_nonce();
-  if (!server_nonce.ok()) {
-    spdlog::error("{}: {}", who, server_nonce.status().to_string());
-    refuse_session(Errc::kInternal, "target cannot make a nonce");
+  const std::string& secret = peer.secret;
+  const uint64_t access_checked = peer.access_checked;
+  // A failed volume (a write-back error, a fault on its mapping) may have
+  // lost acknowledged bytes, and its later flushes prove nothing: no writer
+  // until an operator reopens it.
+  if (Status failure = volume->region->failure(); !failure.ok()) {
+    std::string text = failed_volume_text(name, context.node, failure);
+    spdlog::warn("{}: refused: {}", who, text);
+    refuse_session(Errc::kIoError, text);
     return;
   }
-  if (Status sent = messenger.send(protocol::Challenge{*server_nonce}); !sent.ok()) {
-    spdlog::warn("{}: sending Challenge: {}", who, sent.to_string());
-    record->state.transition(supervisor::PeerState::kDisconnected, sent.message());
-    connection->shutdown();
-    return;
-  }
-  auto answer = messenger.receive(context.options.handshake_timeout, "AuthResponse");
-  if (!answer.ok()) {
-    spdlog::warn("{}: volume {}: no session: {}", who, name, answer.status().to_string());
-    record->state.transition(supervisor::PeerState::kDisconnected, answer.status().message());
-    connection->shutdown();
-    return;
-  }
-  auto* response = std::get_if<protocol::AuthResponse>(&*answer);
-  if (response == nullptr) {
-    refuse_session(Errc::kProtocolError, "expected AuthResponse");
-    return;
-  }
-  auth::SessionContext auth_context{name, identity, hello->client_nonce, *server_nonce};
-  const auto& allowed = volume->config.allowed_peers;
-  bool known = std::find(allowed.begin(), allowed.end(), identity) != allowed.end();
-  bool proven =
-      auth::macs_equal(response->mac, auth::initiator_proof(volume->config.secret, auth_context));
-  if (!known || !proven) {
-    // The log says which; the peer only learns that it failed.
-    spdlog::warn("{}: volume {}: authentication failed: {}", who, name,
-                 known ? "wrong secret" : "identity not in allowed_peers");
-    refuse_session(Errc::kPermissionDenied,
-                   "authentication failed for '" + identity + "' on volume '" + name + "'");
-    return;
-  }
-
   WriterClaim claim;
   std::string holder;
   if (!claim.try_claim(*volume, who, holder)) {
@@ -246,7 +220,9 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
   region::Region& region = *volume->region;
   auto registration = connection->register_memory(
       region.data(), region.size(), transport::kRemoteWrite | transport::kRemoteRead,
-      [&region](const void* addr, size_t len) { region.persist_range(addr, len); });
+      // A failure fails the Read that flushes (tcp) and the region for good
+      // (region.h), which ends this session below and refuses later ones.
+      [&region](const void* addr, size_t len) { return region.persist_range(addr, len); });
   if (!registration.ok()) {
     Status failed = registration.status().with_context("registering " + region.path());
     spdlog::error("{}: volume {}: {}", who, name, failed.to_string());
@@ -279,7 +255,7 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
   descriptor.last_sequence = book.last_sequence;
   descriptor.recv_slots = connection->options().recv_slots;
   describe_copy(*md, descriptor);
-  descriptor.mac = auth::target_proof(volume->config.secret, auth_context);
+  descriptor.mac = auth::target_proof(secret, auth_context);
   if (Status sent = messenger.send(descriptor); !sent.ok()) {
     spdlog::warn("{}: sending VolumeDescriptor: {}", who, sent.to_string());
     record->state.transition(supervisor::PeerState::kDisconnected, sent.message());
@@ -310,6 +286,7 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
   std::optional<supervisor::PeerState> end_state;
   auto last_heard = Clock::now();
   std::vector<protocol::Message> messages;
+  uint64_t access_seen = access_checked;
   bool open = true;
   while (open) {
     messages.clear();
@@ -329,6 +306,25 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
       session::refuse(messenger, Errc::kClosed, reason);
       end_reason = "ended by promote --force: " + reason;
       end_state = supervisor::PeerState::kClosed;
+      break;
+    }
+    if (uint64_t access = volume->access_version.load(); access != access_seen) {
+      // A reload changed allowed_peers: the session goes on while its
+      // identity is still in it.
+      access_seen = access;
+      if (!volume->allows(identity)) {
+        end_reason = "access of '" + identity + "' to volume '" + name +
+                     "' was removed by a configuration reload";
+        session::refuse(messenger, Errc::kPermissionDenied, end_reason);
+        end_state = supervisor::PeerState::kRefused;
+        break;
+      }
+    }
+    if (region.failed()) {
+      // Found by this session's flush, or by a fault on the mapping.
+      std::string text = failed_volume_text(name, context.node, region.failure());
+      session::refuse(messenger, Errc::kIoError, text);
+      end_reason = text;
       break;
     }
     if (messages.empty()) {
@@ -412,12 +408,14 @@ void serve_session(SessionContext& context, std::unique_ptr<transport::Connectio
         auto reply = verify(region, *verify_request);
         handled = reply.ok() ? messenger.send(*reply) : reply.status();
       } else if (auto* error = std::get_if<protocol::ErrorReply>(&message)) {
+        // The peer's words: escaped before they reach the log and status.
+        std::string text = protocol::printable(error->text, protocol::kMaxErrorText);
         if (error->code == Errc::kSplitBrain) {
-          spdlog::error("{}: volume {}: split brain: {}", who, name, error->text);
-          end_reason = error->text;
+          spdlog::error("{}: volume {}: split brain: {}", who, name, text);
+          end_reason = text;
           end_state = supervisor::PeerState::kSplitBrain;
         } else {
-          end_reason = "initiator reported: " + error->text;
+          end_reason = "initiator reported: " + text;
         }
         open = false;
         break;

@@ -1,6 +1,8 @@
 // pmirrorctl's presentation, against golden strings.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "control/control.h"
 #include "unit/control/canned.h"
 
@@ -39,6 +41,40 @@ TEST(ControlFormat, ProcessWithoutVolumesAndMissingFields) {
             "v (process)\n"
             "  ? connection:unknown\n"
             "(pmirrord, pid 7: no volumes)\n");
+}
+
+// A peer's text reaches the terminal without its control characters (no
+// escape sequence of a stranger's gets to colour or rewrite the screen).
+TEST(ControlFormat, ControlCharactersInStatusAreEscaped) {
+  json merged = merge_status(
+      {json{{"process", {{"kind", "pmirrord"}, {"node", "n1"}}},
+            {"volumes",
+             {{{"name", "v"},
+               {"peers",
+                {{{"name", "app@10.0.0.1:5"},
+                  {"state", "disconnected"},
+                  {"reason", "initiator reported: \x1b[2J\x1b[31mred\r\nforged line"}}}}}}}}});
+  std::string text = format_status_human(merged, std::nullopt, at("2026-11-29T16:03:15Z"));
+  EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
+  EXPECT_EQ(text.find('\r'), std::string::npos) << text;
+  EXPECT_NE(text.find("\\x1b[2J\\x1b[31mred\\x0d\\x0aforged line"), std::string::npos) << text;
+}
+
+// pmirrord's admission counters, only when there is something to say.
+TEST(ControlFormat, AdmissionLine) {
+  json quiet = {{"process", {{"kind", "pmirrord"}, {"node", "n1"}}},
+                {"volumes", json::array()},
+                {"admission", {{"unauthenticated", 0}, {"evicted", 0}}}};
+  EXPECT_EQ(format_status_human(merge_status({quiet}), std::nullopt, at("2026-11-29T16:03:15Z")),
+            "(pmirrord n1: no volumes)\n");
+  json flooded = quiet;
+  flooded["admission"] = {{"unauthenticated", 64}, {"evicted", 1200},
+                          {"timed_out", 3},        {"dropped", 0},
+                          {"refused", 2},          {"authentication_failures", 5}};
+  EXPECT_EQ(format_status_human(merge_status({flooded}), std::nullopt, at("2026-11-29T16:03:15Z")),
+            "(pmirrord n1: no volumes)\n"
+            "(pmirrord n1: 64 unauthenticated connection(s) now; since start 1200 evicted, 3 timed "
+            "out, 2 refused, 5 failed authentication)\n");
 }
 
 TEST(ControlFormat, MergeKeepsOrderAndFilters) {
@@ -147,6 +183,25 @@ TEST(ControlFormat, StatusWithRecoveryFields) {
       "  (no peers)\n");
 }
 
+TEST(ControlFormat, AFailedVolumeSaysWhy) {
+  json daemon = json::parse(R"({
+    "process": {"kind": "pmirrord", "pid": 99, "node": "node2"},
+    "volumes": [
+      {"name": "db1", "role": "replica", "size": 4096, "generation": 1, "state": "failed",
+       "error": "volume 'db1' (/pmem/db1): msync of [0, +4096) failed: Input/output error",
+       "peers": []},
+      {"name": "db2", "role": "replica", "size": 4096, "generation": 1, "state": "ok",
+       "peers": []}
+    ]
+  })");
+  EXPECT_EQ(format_status_human(merge_status({daemon}), std::nullopt, at("2026-11-29T16:03:15Z")),
+            "db1 role:replica FAILED size:4KiB generation:1 (pmirrord node2)\n"
+            "  failed: volume 'db1' (/pmem/db1): msync of [0, +4096) failed: Input/output error\n"
+            "  (no peers)\n"
+            "db2 role:replica size:4KiB generation:1 (pmirrord node2)\n"
+            "  (no peers)\n");
+}
+
 TEST(ControlFormat, Generations) {
   EXPECT_EQ(format_generation(json("9f3a2b1c4d5e6f70")), "9f3a2b1c4d5e6f70");
   EXPECT_EQ(format_generation(json(3)), "3");  // a legacy counter
@@ -251,6 +306,28 @@ TEST(ControlFormat, VerifyListsTheFirstRanges) {
   EXPECT_EQ(verify_mismatches(failed), 0u);
 }
 
+// Ranges being written while verify looked are listed as busy, apart from
+// the mismatches, and are not counted as mismatches.
+TEST(ControlFormat, VerifyListsBusyRangesApart) {
+  json result = verify_result(1, 1);
+  result["peers"][0]["busy"] = json::array({{{"offset", 0x50000}, {"length", 65536}}});
+  result["peers"][0]["busy_count"] = 1;
+  result["peers"][1]["busy"] = json::array(
+      {{{"offset", 0x0}, {"length", 131072}}, {{"offset", 0x90000}, {"length", 65536}}});
+  result["peers"][1]["busy_count"] = 2;
+  EXPECT_EQ(format_verify_human(result),
+            "db0 node2: equal (16384 chunks, 1.0 GiB compared); 1 busy range not verified (being "
+            "written; run verify again):\n"
+            "  offset 0x50000 length 64.0 KiB\n"
+            "db0 node3: 1 mismatching range (16384 chunks, 1.0 GiB compared):\n"
+            "  offset 0x0 length 64.0 KiB\n"
+            "  2 busy ranges not verified (being written; run verify again):\n"
+            "  offset 0x0 length 128.0 KiB\n"
+            "  offset 0x90000 length 64.0 KiB\n"
+            "  1 chunk marked dirty; the resync copies them\n");
+  EXPECT_EQ(verify_mismatches(result), 1u);
+}
+
 TEST(ControlFormat, PromoteAndDemote) {
   EXPECT_EQ(format_promote_human(json::parse(
                 R"({"volume":"db1","node":"node2","generation":"9f3a2b1c4d5e6f70",
@@ -287,6 +364,20 @@ TEST(ControlFormat, Latencies) {
   EXPECT_EQ(format_latency_us(2500000), "2.5s");
 }
 
+// A number no uint64 holds (another process's socket may send anything) is
+// shown as the largest, not converted with undefined behaviour (found by
+// tests/fuzz/control_fuzz: a size of 1.8e20).
+TEST(ControlFormat, NumbersBeyondUint64AreTheLargest) {
+  json merged = merge_status({json{{"process", {{"kind", "pmirrord"}, {"pid", 7}}},
+                                   {"volumes",
+                                    {{{"name", "v"}, {"size", 1.8e20}, {"last_sequence", 1e300}},
+                                     {{"name", "w"}, {"size", -5.5}}}}}});
+  EXPECT_EQ(format_status_human(merged, std::nullopt, at("2026-11-29T16:03:15Z")),
+            "v size:" + format_size(std::numeric_limits<uint64_t>::max()) +
+                " last-seq:18446744073709551615 (pmirrord, pid 7)\n  (no peers)\n"
+                "w size:0B (pmirrord, pid 7)\n  (no peers)\n");
+}
+
 TEST(ControlFormat, Times) {
   auto t = parse_time("2026-11-29T16:01:02Z");
   ASSERT_TRUE(t);
@@ -298,6 +389,11 @@ TEST(ControlFormat, Times) {
   EXPECT_FALSE(parse_time("2026-11-29 16:01:02"));
   EXPECT_FALSE(parse_time("yesterday"));
   EXPECT_FALSE(parse_time("2026-11-29T16:01:02+02:00"));
+  // Beyond what the clock holds: refused, not an overflow (found by
+  // tests/fuzz/control_fuzz; UBSan reported it in from_time_t).
+  EXPECT_FALSE(parse_time("-999-11-29T16:01:02Z"));
+  EXPECT_FALSE(parse_time("9999-11-29T16:01:02Z"));
+  EXPECT_TRUE(parse_time("2200-01-01T00:00:00Z"));
 }
 
 }  // namespace

@@ -331,6 +331,64 @@ TEST(MetricsTest, RecoveryFieldsOfAPrimaryAreExported) {
   EXPECT_EQ(value(s, "pmirror_peer_state", split), 1);
 }
 
+TEST(MetricsTest, AFailedReplicaVolumeIsExported) {
+  json snapshot = canned();
+  json replica = snapshot["volumes"][0];
+  replica["name"] = "db1";
+  replica["role"] = "replica";
+  replica["state"] = "failed";
+  replica["error"] = "volume 'db1' (/pmem/db1): msync of [0, +4096) failed: Input/output error";
+  json healthy = replica;
+  healthy["name"] = "db2";
+  healthy["state"] = "ok";
+  snapshot["volumes"].push_back(replica);
+  snapshot["volumes"].push_back(healthy);
+  auto s = parse(render_text(snapshot));
+  EXPECT_EQ(value(s, "pmirror_metrics_snapshot_errors_total"), 0);
+  EXPECT_EQ(value(s, "pmirror_volume_failed", {{"volume", "db1"}, {"role", "replica"}}), 1);
+  EXPECT_EQ(value(s, "pmirror_volume_failed", {{"volume", "db2"}, {"role", "replica"}}), 0);
+  // A volume that reports no state (a primary) has no such series.
+  EXPECT_FALSE(value(s, "pmirror_volume_failed", {{"volume", "db0"}, {"role", "primary"}}));
+}
+
+// Labels come from status, which may carry bytes a peer chose: the scrape
+// stays UTF-8 (the text format requires it) and names them as best it can.
+TEST(MetricsTest, LabelsThatAreNotUtf8AreMadeUtf8) {
+  json snapshot = canned();
+  // Built in-process (parsing would refuse these bytes): overlong, stray
+  // continuation, truncated, a surrogate, then a good "é".
+  snapshot["volumes"][0]["peers"][0]["name"] =
+      std::string("\xc0\xaf\x80 \xe2\x82 \xed\xa0\x80 caf\xc3\xa9");
+  std::string text = render_text(snapshot);
+  auto s = parse(text);
+  EXPECT_EQ(value(s, "pmirror_up"), 1.0);
+  const std::string replaced = "\xef\xbf\xbd";
+  std::string expected = replaced + replaced + replaced + " " + replaced + replaced + " " +
+                         replaced + replaced + replaced + " caf\xc3\xa9";
+  EXPECT_TRUE(value(s, "pmirror_peer_connected", with(kNode2, "peer", expected)).has_value())
+      << text;
+}
+
+TEST(MetricsTest, AdmissionCountersAreExported) {
+  json snapshot = canned();
+  snapshot["admission"] = {{"unauthenticated", 3},
+                           {"evicted", 40},
+                           {"timed_out", 5},
+                           {"dropped", 2},
+                           {"refused", 7},
+                           {"authentication_failures", 9},
+                           {"max_unauthenticated", 64},
+                           {"max_unauthenticated_per_source", 16},
+                           {"handshake_timeout_ms", 5000}};
+  auto s = parse(render_text(snapshot));
+  EXPECT_EQ(value(s, "pmirror_unauthenticated_connections"), 3.0);
+  EXPECT_EQ(value(s, "pmirror_unauthenticated_evicted_total"), 40.0);
+  EXPECT_EQ(value(s, "pmirror_handshake_timeouts_total"), 5.0);
+  EXPECT_EQ(value(s, "pmirror_connections_dropped_total"), 2.0);
+  EXPECT_EQ(value(s, "pmirror_handshakes_refused_total"), 7.0);
+  EXPECT_EQ(value(s, "pmirror_authentication_failures_total"), 9.0);
+}
+
 TEST(MetricsTest, ListensOnIpv6Loopback) {
   auto exporter = Exporter::start("[::1]:0", [] { return canned(); });
   if (!exporter.ok()) GTEST_SKIP() << "no IPv6 loopback here: " << exporter.status().message();

@@ -6,6 +6,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "auth/auth.h"
+#include "common/fault.h"
 #include "metadata/metadata.h"
 #include "protocol/protocol.h"
 #include "session/session.h"
@@ -232,6 +234,47 @@ TEST_F(TargetTest, StartCreatesTheCopyMetadataAndStatusShowsIt) {
   EXPECT_EQ(copy["promoted"], false);
   EXPECT_EQ(copy["clean"], true);
   EXPECT_EQ(copy["uuid"].get<std::string>().size(), 36u);
+}
+
+// Before authentication a peer is nobody: no session record (status and
+// events never see its bytes), no thread. Its identity here is not even
+// UTF-8. Only the counters say it was there.
+TEST_F(TargetTest, StrangersLeaveNoSessionRecord) {
+  start();
+  const std::string odd = "\xff\xfe\xfd";
+  // One fails authentication...
+  auto refused = open_session(target_->port(), "v1", odd);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Errc::kPermissionDenied) << refused.status().to_string();
+  // ... one says Hello and waits ...
+  auto waiting = transport::connect(transport::Kind::kTcp, "127.0.0.1", target_->port(), {});
+  ASSERT_TRUE(waiting.ok());
+  session::Messenger messenger(**waiting);
+  protocol::Hello hello;
+  hello.volume = "v1";
+  hello.identity = odd + " waiting";
+  ASSERT_TRUE(messenger.send(hello).ok());
+  auto challenge = messenger.receive(5000ms, "Challenge");
+  ASSERT_TRUE(challenge.ok()) << challenge.status().to_string();
+  // ... and another asks for a volume that is not here.
+  auto unknown = open_session(target_->port(), "nope", odd);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), Errc::kNotFound);
+
+  auto status = nlohmann::json::parse(target_->status_json());  // valid JSON, UTF-8
+  EXPECT_TRUE(status["volumes"][0]["peers"].empty()) << status.dump();
+  EXPECT_EQ(status["admission"]["authentication_failures"], 1) << status.dump();
+  EXPECT_EQ(status["admission"]["refused"], 1) << status.dump();
+  {
+    std::lock_guard lock(events_mutex_);
+    EXPECT_TRUE(events_.empty()) << "a stranger made an event";
+  }
+  // An initiator that authenticates is somebody.
+  auto client = open_session(target_->port());
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  auto peers = volume_status()["peers"];
+  ASSERT_EQ(peers.size(), 1u);
+  EXPECT_EQ(peers[0]["name"].get<std::string>().rfind("app@127.0.0.1:", 0), 0u) << peers.dump();
 }
 
 TEST_F(TargetTest, DescriptorCarriesTheCopysState) {
@@ -473,6 +516,72 @@ TEST_F(TargetTest, PromoteRefusesAnEmptyOrInconsistentCopyUnlessForced) {
   auto forced = target_->promote("v1", true);
   ASSERT_TRUE(forced.ok()) << forced.status().to_string();
   EXPECT_EQ(volume_status()["copy"]["consistent"], true);
+}
+
+// A volume that failed (here: a fault on its mapping, as the tcp receiver's
+// guard reports one) ends its session, refuses new ones, shows as failed,
+// and is reopened by a reload of the same configuration.
+TEST_F(TargetTest, AFailedVolumeEndsItsSessionRefusesNewOnesAndAReloadReopensIt) {
+  start();
+  auto client = open_session(target_->port());
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  EXPECT_EQ(volume_status()["state"], "ok");
+  Status reported = fault::report({client->descriptor.remote_address + 4096, BUS_ADRERR, 0});
+  EXPECT_EQ(reported.message(), "volume 'v1' (" + data_path_ +
+                                    "): memory fault at offset 4096 (si_code BUS_ADRERR): the "
+                                    "backing file was truncated or the medium failed");
+
+  auto ended = client->receive("the end of the session");
+  ASSERT_FALSE(ended.ok());
+  EXPECT_EQ(ended.status().code(), Errc::kIoError);
+  EXPECT_THAT(ended.status().message(), HasSubstr("volume 'v1' on node b has failed"));
+  auto status = volume_status();
+  EXPECT_EQ(status["state"], "failed");
+  EXPECT_EQ(status["error"], reported.message());
+  EXPECT_EQ(target_->status()[0].failure, reported.message());
+  ASSERT_TRUE(wait_no_writer());
+
+  auto refused = open_session(target_->port());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Errc::kIoError);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("volume 'v1' on node b has failed and takes no writer until an operator "
+                        "fixes the cause and reopens it (`systemctl reload pmirrord` or a "
+                        "restart): volume 'v1' ("));
+
+  ASSERT_TRUE(target_->reload(config_).ok());
+  EXPECT_EQ(volume_status()["state"], "ok");
+  auto accepted = open_session(target_->port());
+  ASSERT_TRUE(accepted.ok()) << accepted.status().to_string();
+}
+
+TEST_F(TargetTest, AFailedVolumeThatCannotBeReopenedStaysFailedWhileTheReloadApplies) {
+  start();
+  uint64_t address = 0;
+  {
+    auto client = open_session(target_->port());
+    ASSERT_TRUE(client.ok()) << client.status().to_string();
+    address = client->descriptor.remote_address;
+  }
+  ASSERT_TRUE(wait_no_writer());
+  (void)fault::report({address, BUS_ADRERR, 0});
+  ASSERT_EQ(volume_status()["state"], "failed");
+  ASSERT_EQ(::truncate(data_path_.c_str(), 0), 0);  // cannot be reopened now
+
+  config::DaemonConfig next = config_;
+  config::VolumeConfig added = config_.volumes[0];
+  added.name = "v2";
+  added.path = (dir_ / "v2.img").string();
+  added.metadata_path = added.path + ".pmirror";
+  next.volumes.push_back(added);
+  Status reloaded = target_->reload(next);
+  ASSERT_TRUE(reloaded.ok()) << reloaded.to_string();
+  auto status = target_->status();
+  ASSERT_EQ(status.size(), 2u);
+  EXPECT_EQ(status[0].name, "v1");
+  EXPECT_THAT(status[0].failure, HasSubstr("memory fault at offset 0"));
+  EXPECT_EQ(status[1].name, "v2");
+  EXPECT_EQ(status[1].failure, "");
 }
 
 TEST_F(TargetTest, UnknownVolume) {
