@@ -46,6 +46,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <pmirror/pmirror.hpp>
 #include <random>
 #include <sstream>
 #include <string>
@@ -53,7 +54,7 @@
 #include <vector>
 
 #include "config/config.h"
-#include "initiator/initiator.h"
+#include "transport/transport.h"
 
 namespace {
 
@@ -413,7 +414,7 @@ void stamp(std::byte* record, uint64_t size, uint64_t value) {
 }
 
 // Runs `warmup` then `iterations` persists of `size` bytes at depth `depth`.
-Result<Cell> run_cell(initiator::Volume& volume, size_t replicas, uint64_t size, uint32_t depth,
+Result<Cell> run_cell(Volume& volume, size_t replicas, uint64_t size, uint32_t depth,
                       uint64_t warmup, uint64_t iterations, uint64_t& counter) {
   const uint64_t slots = volume.size() / size;
   std::byte* base = volume.data();
@@ -474,7 +475,7 @@ Result<Cell> run_cell(initiator::Volume& volume, size_t replicas, uint64_t size,
 // Writes the whole volume once (random bytes, 64 KiB persists, 32 in
 // flight), so that no measured persist pays for first-touch page faults on
 // either side.
-Status prefill(initiator::Volume& volume) {
+Status prefill(Volume& volume) {
   std::mt19937_64 rng(42);
   auto* words = reinterpret_cast<uint64_t*>(volume.data());
   for (uint64_t i = 0; i < volume.size() / 8; ++i) words[i] = rng();
@@ -584,7 +585,7 @@ struct PeerProgress {
   std::string state;
 };
 
-PeerProgress peer_progress(const initiator::Volume& volume) {
+PeerProgress peer_progress(const Volume& volume) {
   PeerProgress p;
   Json status = Json::parse(volume.status_json());
   const Json& peer = status.at("peers").at(0);
@@ -599,8 +600,8 @@ PeerProgress peer_progress(const initiator::Volume& volume) {
 }
 
 // Writes the whole volume with persists of `record` bytes, `depth` in flight.
-Result<CopyReference> copy_reference(initiator::Volume& volume, const std::string& name,
-                                     uint64_t record, uint32_t depth) {
+Result<CopyReference> copy_reference(Volume& volume, const std::string& name, uint64_t record,
+                                     uint32_t depth) {
   CopyReference ref{name, record, depth, volume.size(), 0};
   auto started = Clock::now();
   std::deque<uint64_t> window;
@@ -621,9 +622,8 @@ Result<CopyReference> copy_reference(initiator::Volume& volume, const std::strin
 
 // Runs a full resync of the first peer; with `load`, depth-1 persists of
 // `record` bytes are issued back to back until it has finished.
-Result<ResyncPhase> resync_phase(initiator::Volume& volume, const std::string& peer, uint64_t rate,
-                                 bool load, uint64_t record, uint64_t& counter,
-                                 std::chrono::seconds limit) {
+Result<ResyncPhase> resync_phase(Volume& volume, const std::string& peer, uint64_t rate, bool load,
+                                 uint64_t record, uint64_t& counter, std::chrono::seconds limit) {
   ResyncPhase phase;
   phase.name = load ? "resync-load" : "resync-idle";
   phase.rate_limit = rate;
@@ -669,8 +669,8 @@ Result<ResyncPhase> resync_phase(initiator::Volume& volume, const std::string& p
   return phase;
 }
 
-Result<ResyncPhase> baseline_phase(initiator::Volume& volume, uint64_t rate, uint64_t record,
-                                   uint64_t warmup, uint64_t iterations, uint64_t& counter) {
+Result<ResyncPhase> baseline_phase(Volume& volume, uint64_t rate, uint64_t record, uint64_t warmup,
+                                   uint64_t iterations, uint64_t& counter) {
   PMIRROR_ASSIGN_OR_RETURN(Cell cell, run_cell(volume, 1, record, 1, warmup, iterations, counter));
   ResyncPhase phase;
   phase.name = "baseline";
@@ -682,7 +682,7 @@ Result<ResyncPhase> baseline_phase(initiator::Volume& volume, uint64_t rate, uin
 }
 
 struct ResyncSettings {
-  initiator::VolumeOptions base;  // everything but resync_rate
+  VolumeOptions base;  // everything but resync_rate
   std::vector<uint64_t> rates;
   uint64_t record = 4096;
   uint64_t warmup = 500;
@@ -698,12 +698,12 @@ struct ResyncResults {
   std::string method;
 };
 
-Result<std::unique_ptr<initiator::Volume>> open_with_retry(const initiator::VolumeOptions& o) {
-  auto volume = initiator::Volume::open(o);
+Result<std::unique_ptr<Volume>> open_with_retry(const VolumeOptions& o) {
+  auto volume = Volume::open(o);
   for (int retry = 0; retry < 100 && !volume.ok() && volume.status().code() == Errc::kBusy;
        ++retry) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    volume = initiator::Volume::open(o);
+    volume = Volume::open(o);
   }
   return volume;
 }
@@ -736,7 +736,7 @@ Result<ResyncResults> run_resync_scenario(const ResyncSettings& s, const std::st
   print_rule(120);
   for (size_t i = 0; i < s.rates.size(); ++i) {
     uint64_t rate = s.rates[i];
-    initiator::VolumeOptions options = s.base;
+    VolumeOptions options = s.base;
     options.resync_rate = rate;
     auto opened_at = Clock::now();
     PMIRROR_ASSIGN_OR_RETURN(auto volume, open_with_retry(options));
@@ -1055,18 +1055,17 @@ int main(int argc, char** argv) {
     if (!record.ok() || *record == 0 || *record > *volume_size / 2) {
       return fail("--latency-size: not a size, or too large for the volume");
     }
-    initiator::VolumeOptions& o = settings.base;
+    VolumeOptions& o = settings.base;
     o.name = volume_name;
     o.local_path = local_path;
     o.size = *volume_size;
     o.create = true;
     o.identity = identity;
-    o.method = method_name == "gpspm" ? initiator::MethodPreference::kGpspm
-                                      : initiator::MethodPreference::kAuto;
+    o.method = method_name == "gpspm" ? MethodPreference::kGpspm : MethodPreference::kAuto;
     o.max_in_flight = 32;
     o.chunk_size = *chunk;
     o.resync_step = *step;
-    o.replicas.push_back({endpoints[0].host, endpoints[0].port, *kind, secret, ""});
+    o.replicas.push_back({endpoints[0].host, endpoints[0].port, transport_name, secret, ""});
     auto connect_timeout = config::parse_duration(connect_timeout_text);
     if (!connect_timeout.ok() || connect_timeout->count() == 0) {
       return fail("--connect-timeout: a duration such as 5s");
@@ -1146,25 +1145,25 @@ int main(int argc, char** argv) {
               "iters", "p50", "p99", "p99.9", "max", "persists/s", "MiB/s", "tcp rtt50", "x rtt");
   print_rule(kWidth);
   for (size_t replicas : replica_counts) {
-    initiator::VolumeOptions options;
+    VolumeOptions options;
     options.name = volume_name;
     options.local_path = local_path;
     options.size = *volume_size;
     options.create = true;
     options.identity = identity;
-    options.method = method_name == "gpspm" ? initiator::MethodPreference::kGpspm
-                                            : initiator::MethodPreference::kAuto;
+    options.method = method_name == "gpspm" ? MethodPreference::kGpspm : MethodPreference::kAuto;
     options.max_in_flight = max_depth;
     for (size_t i = 0; i < replicas; ++i) {
-      options.replicas.push_back({endpoints[i].host, endpoints[i].port, *kind, secret, ""});
+      options.replicas.push_back(
+          {endpoints[i].host, endpoints[i].port, transport_name, secret, ""});
     }
     // A target releases the previous run's writer claim once it has seen
     // that session end, which may be a moment after our Volume closed it.
-    auto volume = initiator::Volume::open(options);
+    auto volume = Volume::open(options);
     for (int retry = 0; retry < 100 && !volume.ok() && volume.status().code() == Errc::kBusy;
          ++retry) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      volume = initiator::Volume::open(options);
+      volume = Volume::open(options);
     }
     if (!volume.ok()) return fail(volume.status().message());
     for (const auto& r : (*volume)->replicas()) {

@@ -8,22 +8,58 @@
 //
 //   pmirror-demo --volume demo --local /tmp/demo.img --size 64MiB
 //       --replica 127.0.0.1:7450 --secret-file demo.secret --count 10000
+//
+// It uses libpmirror's public C++ API only (<pmirror/pmirror.hpp>, -lpmirror),
+// as an application would.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
+#include <pmirror/pmirror.hpp>
 #include <random>
-
-#include "config/config.h"
-#include "initiator/initiator.h"
+#include <string_view>
 
 using namespace pmirror;
 
+namespace {
+
+// "4096", "64MiB", "1G": bytes, with an optional binary K/M/G/T suffix.
+std::optional<uint64_t> parse_size(std::string_view text) {
+  uint64_t number = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), number);
+  if (ec != std::errc() || end == text.data()) return std::nullopt;
+  std::string_view unit(end, text.data() + text.size() - end);
+  for (std::string_view tail : {"iB", "B", ""}) {
+    if (unit.size() >= tail.size() && unit.substr(unit.size() - tail.size()) == tail) {
+      unit.remove_suffix(tail.size());
+      break;
+    }
+  }
+  unsigned shift = 0;
+  if (unit == "K") {
+    shift = 10;
+  } else if (unit == "M") {
+    shift = 20;
+  } else if (unit == "G") {
+    shift = 30;
+  } else if (unit == "T") {
+    shift = 40;
+  } else if (!unit.empty()) {
+    return std::nullopt;
+  }
+  if (number > (~0ull >> shift)) return std::nullopt;
+  return number << shift;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"pmirror-demo: mirror records to pmirrord targets and report persist latency"};
-  initiator::VolumeOptions options;
+  VolumeOptions options;
   std::string size_text = "64MiB";
   std::vector<std::string> replicas;
   std::string transport_name = "tcp";
@@ -55,14 +91,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pmirror-demo: give --config FILE, or --local and --replica\n");
     return 2;
   }
-  auto size = config::parse_size(size_text);
-  if (!size.ok()) {
-    std::fprintf(stderr, "--size: %s\n", size.status().message().c_str());
+  auto size = parse_size(size_text);
+  if (!size) {
+    std::fprintf(stderr, "--size %s: expected bytes, e.g. 4096, 64MiB, 1G\n", size_text.c_str());
     return 2;
   }
-  auto kind = transport::parse_kind(transport_name);
-  if (!kind.ok()) {
-    std::fprintf(stderr, "--transport: %s\n", kind.status().message().c_str());
+  if (transport_name != "tcp" && transport_name != "rdma") {
+    std::fprintf(stderr, "--transport %s: expected tcp or rdma\n", transport_name.c_str());
     return 2;
   }
   if (!secret_file.empty()) {
@@ -85,7 +120,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "--replica %s: expected HOST:PORT\n", r.c_str());
       return 2;
     }
-    initiator::ReplicaSpec spec;
+    ReplicaSpec spec;
     spec.address = r.substr(0, colon);
     try {
       spec.port = static_cast<uint16_t>(std::stoul(r.substr(colon + 1)));
@@ -93,15 +128,14 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "--replica %s: bad port\n", r.c_str());
       return 2;
     }
-    spec.transport = *kind;
+    spec.transport = transport_name;
     spec.secret = secret;
     options.replicas.push_back(spec);
   }
 
   auto volume = config_path.empty()
-                    ? initiator::Volume::open(options)
-                    : initiator::Volume::open_from_config(config_path, options.name,
-                                                          options.identity, node);
+                    ? Volume::open(options)
+                    : Volume::open_from_config(config_path, options.name, options.identity, node);
   if (!volume.ok()) {
     std::fprintf(stderr, "pmirror-demo: %s\n", volume.status().message().c_str());
     return 1;
@@ -111,7 +145,7 @@ int main(int argc, char** argv) {
               (*volume)->is_pmem(), (*volume)->replicas().size());
   for (const auto& r : (*volume)->replicas()) {
     std::printf("  %s  %s  method=%s generation=%llu\n", r.address.c_str(),
-                std::string(initiator::replica_state_name(r.state)).c_str(), r.method.c_str(),
+                std::string(replica_state_name(r.state)).c_str(), r.method.c_str(),
                 static_cast<unsigned long long>(r.generation));
   }
 

@@ -20,20 +20,11 @@ constexpr uint64_t kResyncTag = 1ull << 60;
 constexpr uint64_t kSequenceMask = (1ull << 56) - 1;
 // The read-after-write flush reads this many bytes (as librpma and librpmem do).
 constexpr uint64_t kFlushReadSize = 8;
+// While waiting for a receive credit, completions are processed in slices
+// of this.
+constexpr auto kCreditPoll = 10ms;
 
 }  // namespace
-
-std::string_view replica_state_name(ReplicaState state) {
-  switch (state) {
-    case ReplicaState::kConnected:
-      return "connected";
-    case ReplicaState::kFailed:
-      return "failed";
-    case ReplicaState::kClosed:
-      return "closed";
-  }
-  return "unknown";
-}
 
 Replica::Replica(const Setup& setup)
     : label_(setup.spec.node.empty() ? setup.spec.address + ":" + std::to_string(setup.spec.port)
@@ -58,8 +49,8 @@ Result<std::unique_ptr<Replica>> Replica::connect(const Setup& setup) {
 Status Replica::handshake(const Setup& setup) {
   transport::ConnectionOptions connection_options;
   connection_options.connect_timeout = setup.options.connect_timeout;
-  auto connection =
-      transport::connect(spec_.transport, spec_.address, spec_.port, connection_options);
+  PMIRROR_ASSIGN_OR_RETURN(transport::Kind kind, replica_transport(spec_.transport));
+  auto connection = transport::connect(kind, spec_.address, spec_.port, connection_options);
   if (!connection.ok()) return connection.status();
   connection_ = std::move(connection).value();
   messenger_ = std::make_unique<session::Messenger>(*connection_);
@@ -145,6 +136,7 @@ Status Replica::handshake(const Setup& setup) {
   PMIRROR_ASSIGN_OR_RETURN(flush_region_,
                            connection_->register_memory(flush_buffer_.data(), flush_buffer_.size(),
                                                         transport::kLocalOnly));
+  last_heard_ = last_sent_ = Clock::now();
   spdlog::debug("replica {}: session open, method {}, generation {}, last sequence {}", label_,
                 apm_ ? "apm" : "gpspm", generation_, remote_last_sequence_);
   return Status::Ok();
@@ -171,46 +163,98 @@ Status Replica::post_with_retry(const std::function<Status()>& post) {
   }
 }
 
-Status Replica::post_persist(uint64_t sequence, uint64_t offset, uint64_t length) {
-  if (failed())
-    return error_.ok() ? Status(Errc::kClosed, "replica " + label_ + " is closed") : error_;
+void Replica::track_in(PersistLedger& ledger, size_t index) {
+  ledger_ = &ledger;
+  index_ = index;
+}
+
+Status Replica::await_credit(bool may_wait) {
   auto deadline = Clock::now() + operation_timeout_;
+  if (credits_ == 0 && !may_wait) {
+    if (Status pumped = pump(0ms); !pumped.ok()) return fail(pumped);
+    if (credits_ == 0) {
+      return Status(Errc::kResourceExhausted, "replica " + label_ + " has no free receive slot: " +
+                                                  std::to_string(in_flight_count()) +
+                                                  " persists unacknowledged");
+    }
+  }
   while (credits_ == 0) {
-    if (Status pumped = pump(10ms); !pumped.ok()) return fail(pumped);
+    if (Status pumped = pump(kCreditPoll); !pumped.ok()) return fail(pumped);
     if (Clock::now() > deadline) {
       return fail(Status(Errc::kTimeout, "the target returned no receive credit within " +
                                              std::to_string(operation_timeout_.count()) + " ms"));
     }
   }
-  Status posted = post_with_retry([&] {
+  return Status::Ok();
+}
+
+Status Replica::post_write_flush(uint64_t sequence, uint64_t offset, uint64_t length,
+                                 bool may_wait) {
+  const bool copy = sequence == protocol::kResyncSequence;
+  // Without may_wait a full send queue gives up at once, as long as that
+  // leaves nothing behind that would complete (see below).
+  auto post = [&](const std::function<Status()>& one) {
+    return may_wait ? post_with_retry(one) : one();
+  };
+  Status posted = post([&] {
     return connection_->post_write(*local_region_, offset, length, remote_, offset,
                                    kWriteTag | (sequence & kSequenceMask), /*signaled=*/false);
   });
+  bool completes = false;  // a completion for it will come
+  bool requested = false;  // a request took a receive slot
   if (posted.ok() && apm_) {
     // The flush: a Read after the Writes on the same connection completes
     // only once they are placed (durable, under APM's platform rules).
     uint64_t flush_offset = std::min(offset, remote_size_ - kFlushReadSize);
-    posted = post_with_retry([&] {
-      return connection_->post_read(*flush_region_, 0, kFlushReadSize, remote_, flush_offset,
-                                    kReadTag | (sequence & kSequenceMask));
+    uint64_t tag = copy ? kResyncTag : kReadTag | (sequence & kSequenceMask);
+    posted = post([&] {
+      return connection_->post_read(*flush_region_, 0, kFlushReadSize, remote_, flush_offset, tag);
     });
-    if (posted.ok()) {
+    if (posted.ok()) completes = true;
+    if (posted.ok() && !copy) {
       protocol::Commit commit{sequence, generation_, {{offset, length}}};
-      posted = post_with_retry([&] { return messenger_->send(commit); });
+      posted = post([&] { return messenger_->send(commit); });
+      // The Commit is bookkeeping only (the target's last sequence; a later
+      // Commit carries a higher one): without room for it the persist is
+      // still durable once its Read completes.
+      if (posted.code() == Errc::kResourceExhausted && !may_wait) {
+        posted = Status::Ok();
+      } else {
+        requested = posted.ok();
+      }
     }
   } else if (posted.ok()) {
     protocol::PersistRequest request{sequence, generation_, {{offset, length}}};
-    posted = post_with_retry([&] { return messenger_->send(request); });
+    posted = post([&] { return messenger_->send(request); });
+    completes = requested = posted.ok();
   }
-  if (!posted.ok()) return fail(posted);
-  --credits_;
-  in_flight_.push_back(sequence);
+  if (!posted.ok()) {
+    if (posted.code() == Errc::kResourceExhausted && !may_wait && !completes) return posted;
+    return fail(posted);
+  }
+  if (requested) {
+    --credits_;
+    last_sent_ = Clock::now();
+  }
+  return Status::Ok();
+}
+
+Status Replica::post_persist(uint64_t sequence, uint64_t offset, uint64_t length, bool may_wait) {
+  if (failed())
+    return error_.ok() ? Status(Errc::kClosed, "replica " + label_ + " is closed") : error_;
+  if (ledger_ == nullptr) {
+    return Status(Errc::kInternal,
+                  "replica " + label_ + " takes no persist: no ledger to track it");
+  }
+  PMIRROR_RETURN_IF_ERROR(await_credit(may_wait));
+  PMIRROR_RETURN_IF_ERROR(post_write_flush(sequence, offset, length, may_wait));
+  ledger_->posted(index_, sequence, Clock::now());
   return Status::Ok();
 }
 
 Status Replica::wait_for(uint64_t sequence) {
   auto deadline = Clock::now() + operation_timeout_;
-  while (done_upto_ < sequence) {
+  while (done_upto_ < sequence && awaiting(sequence)) {
     if (failed()) return error_;
     auto now = Clock::now();
     if (now > deadline) {
@@ -220,6 +264,47 @@ Status Replica::wait_for(uint64_t sequence) {
     }
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
     if (Status pumped = pump(std::clamp(left, 1ms, 100ms)); !pumped.ok()) return fail(pumped);
+  }
+  if (failed()) return error_;
+  return Status::Ok();
+}
+
+Status Replica::drain() {
+  auto newest = ledger_ ? ledger_->newest_pending(index_) : std::nullopt;
+  if (!newest) return failed() ? error_ : Status::Ok();
+  return wait_for(*newest);
+}
+
+bool Replica::awaiting(uint64_t sequence) const {
+  return ledger_ != nullptr && ledger_->is_pending(index_, sequence);
+}
+
+uint64_t Replica::in_flight_count() const {
+  return ledger_ == nullptr ? 0 : ledger_->pending_count(index_);
+}
+
+Status Replica::poll(std::chrono::milliseconds timeout) {
+  if (failed()) return error_;
+  if (Status pumped = pump(timeout); !pumped.ok()) return fail(pumped);
+  auto now = Clock::now();
+  const InFlightPersist* oldest = ledger_ ? ledger_->oldest_pending(index_) : nullptr;
+  if (oldest != nullptr && now - oldest->posted_at[index_] > operation_timeout_) {
+    return fail(Status(Errc::kTimeout,
+                       "persist " + std::to_string(oldest->sequence) + " not acknowledged within " +
+                           std::to_string(operation_timeout_.count()) + " ms (" +
+                           std::to_string(in_flight_count()) + " persists unacknowledged)"));
+  }
+  if (resync_outstanding_ && now - resync_posted_ > operation_timeout_) {
+    return fail(Status(Errc::kTimeout, "resync of " + resync_what_ + " not acknowledged within " +
+                                           std::to_string(operation_timeout_.count()) + " ms"));
+  }
+  if (generation_ack_outstanding_ && now - generation_posted_ > operation_timeout_) {
+    return fail(Status(Errc::kTimeout, "generation update not acknowledged within " +
+                                           std::to_string(operation_timeout_.count()) + " ms"));
+  }
+  if (ping_outstanding_ && now - ping_sent_ > operation_timeout_) {
+    return fail(Status(Errc::kTimeout, "no answer to a heartbeat within " +
+                                           std::to_string(operation_timeout_.count()) + " ms"));
   }
   return Status::Ok();
 }
@@ -233,17 +318,15 @@ Status Replica::pump(std::chrono::milliseconds timeout) {
   return Status::Ok();
 }
 
-// The persist at the front of in_flight_ is done: completions come in order.
-static Status complete_front(std::deque<uint64_t>& in_flight, uint64_t sequence,
-                             uint64_t& done_upto, std::string_view what) {
-  if (in_flight.empty() || in_flight.front() != sequence) {
-    return Status(Errc::kProtocolError,
-                  std::string(what) + " for sequence " + std::to_string(sequence) +
-                      (in_flight.empty() ? std::string(" with nothing in flight")
-                                         : ", expected " + std::to_string(in_flight.front())));
+// The oldest persist pending here is done: completions come in order.
+Status Replica::complete_persist(uint64_t sequence, std::string_view what) {
+  if (ledger_ == nullptr) {
+    return Status(Errc::kProtocolError, std::string(what) + " for sequence " +
+                                            std::to_string(sequence) + " with nothing in flight");
   }
-  in_flight.pop_front();
-  done_upto = sequence;
+  PMIRROR_ASSIGN_OR_RETURN(auto posted_at, ledger_->complete(index_, sequence, what));
+  done_upto_ = sequence;
+  if (persist_done_) persist_done_(Clock::now() - posted_at);
   return Status::Ok();
 }
 
@@ -252,34 +335,11 @@ Status Replica::post_resync(uint64_t offset, uint64_t length) {
   if (resync_outstanding_) {
     return Status(Errc::kInternal, "a resync copy is already in flight to " + label_);
   }
-  auto deadline = Clock::now() + operation_timeout_;
-  while (credits_ == 0) {
-    if (Status pumped = pump(10ms); !pumped.ok()) return fail(pumped);
-    if (Clock::now() > deadline) {
-      return fail(Status(Errc::kTimeout, "the target returned no receive credit within " +
-                                             std::to_string(operation_timeout_.count()) + " ms"));
-    }
-  }
+  PMIRROR_RETURN_IF_ERROR(await_credit(/*may_wait=*/true));
   resync_outstanding_ = true;
   resync_posted_ = Clock::now();
   resync_what_ = "[" + std::to_string(offset) + ", +" + std::to_string(length) + ")";
-  Status posted = post_with_retry([&] {
-    return connection_->post_write(*local_region_, offset, length, remote_, offset, kWriteTag,
-                                   /*signaled=*/false);
-  });
-  if (posted.ok() && apm_) {
-    uint64_t flush_offset = std::min(offset, remote_size_ - kFlushReadSize);
-    posted = post_with_retry([&] {
-      return connection_->post_read(*flush_region_, 0, kFlushReadSize, remote_, flush_offset,
-                                    kResyncTag);
-    });
-  } else if (posted.ok()) {
-    protocol::PersistRequest request{protocol::kResyncSequence, generation_, {{offset, length}}};
-    posted = post_with_retry([&] { return messenger_->send(request); });
-    if (posted.ok()) --credits_;
-  }
-  if (!posted.ok()) return fail(posted);
-  return Status::Ok();
+  return post_write_flush(protocol::kResyncSequence, offset, length, /*may_wait=*/true);
 }
 
 Result<bool> Replica::resync_done() {
@@ -294,16 +354,8 @@ Result<bool> Replica::resync_done() {
   return false;
 }
 
-Status Replica::resync_range(uint64_t offset, uint64_t length) {
-  PMIRROR_RETURN_IF_ERROR(post_resync(offset, length));
-  while (true) {
-    PMIRROR_ASSIGN_OR_RETURN(bool done, resync_done());
-    if (done) return Status::Ok();
-    if (Status pumped = pump(10ms); !pumped.ok()) return fail(pumped);
-  }
-}
-
 Status Replica::handle_completion(const transport::Completion& completion) {
+  last_heard_ = Clock::now();
   if ((completion.wr_id & kResyncTag) != 0 && completion.opcode == transport::Opcode::kRead) {
     resync_outstanding_ = false;
     return Status::Ok();
@@ -312,13 +364,15 @@ Status Replica::handle_completion(const transport::Completion& completion) {
     uint64_t sequence = completion.wr_id & kSequenceMask;
     // Sequences beyond 2^56 would need the full value; that is 10^9 years
     // of persists at 2M/s.
-    uint64_t base = in_flight_.empty() ? 0 : in_flight_.front() & ~kSequenceMask;
-    return complete_front(in_flight_, base | sequence, done_upto_, "flush completion");
+    const InFlightPersist* oldest = ledger_ ? ledger_->oldest_pending(index_) : nullptr;
+    uint64_t base = oldest == nullptr ? 0 : oldest->sequence & ~kSequenceMask;
+    return complete_persist(base | sequence, "flush completion");
   }
   return Status::Ok();  // signaled writes: nothing to do
 }
 
 Status Replica::handle_message(const protocol::Message& message) {
+  last_heard_ = Clock::now();
   if (auto* ack = std::get_if<protocol::CommitAck>(&message)) {
     ++credits_;
     acknowledged_ = std::max(acknowledged_, ack->sequence);
@@ -331,11 +385,13 @@ Status Replica::handle_message(const protocol::Message& message) {
       return Status::Ok();
     }
     acknowledged_ = std::max(acknowledged_, ack->sequence);
-    return complete_front(in_flight_, ack->sequence, done_upto_, "PersistAck");
+    return complete_persist(ack->sequence, "PersistAck");
   }
   if (auto* ack = std::get_if<protocol::GenerationAck>(&message)) {
     ++credits_;
     generation_ack_outstanding_ = false;
+    remote_copy_.generations.current = generation_update_.first;
+    remote_copy_.consistent = generation_update_.second;
     (void)ack;
     return Status::Ok();
   }
@@ -356,56 +412,45 @@ Status Replica::handle_message(const protocol::Message& message) {
                     " from the target");
 }
 
-// Waits for a receive credit on the target (one is kept for heartbeats).
-static constexpr auto kCreditPoll = std::chrono::milliseconds(10);
-
-Status Replica::set_generation(uint64_t generation, bool consistent) {
+Status Replica::post_generation(uint64_t generation, bool consistent) {
   if (failed()) return error_;
-  auto deadline = Clock::now() + operation_timeout_;
-  while (credits_ == 0) {
-    if (Status pumped = pump(kCreditPoll); !pumped.ok()) return fail(pumped);
-    if (Clock::now() > deadline) {
-      return fail(Status(Errc::kTimeout, "the target returned no receive credit within " +
-                                             std::to_string(operation_timeout_.count()) + " ms"));
-    }
+  if (generation_ack_outstanding_) {
+    return Status(Errc::kInternal, "a generation update is already in flight to " + label_);
   }
+  PMIRROR_RETURN_IF_ERROR(await_credit(/*may_wait=*/false));
   protocol::SetGeneration update;
   update.generation = generation;
   update.flags = consistent ? uint32_t{protocol::kGenerationConsistent} : 0u;
-  generation_ack_outstanding_ = true;
-  if (Status sent = post_with_retry([&] { return messenger_->send(update); }); !sent.ok()) {
+  if (Status sent = messenger_->send(update); !sent.ok()) {
+    if (sent.code() == Errc::kResourceExhausted) return sent;  // send queue full: later
     return fail(sent);
   }
   --credits_;
-  while (generation_ack_outstanding_) {
-    if (Clock::now() > deadline) {
-      return fail(Status(Errc::kTimeout, "generation update not acknowledged within " +
-                                             std::to_string(operation_timeout_.count()) + " ms"));
-    }
-    if (Status pumped = pump(kCreditPoll); !pumped.ok()) return fail(pumped);
-  }
-  remote_copy_.generations.current = generation;
-  remote_copy_.consistent = consistent;
+  last_sent_ = generation_posted_ = Clock::now();
+  generation_ack_outstanding_ = true;
+  generation_update_ = {generation, consistent};
   return Status::Ok();
+}
+
+Result<bool> Replica::generation_done() {
+  if (failed()) return error_;
+  if (!generation_ack_outstanding_) return true;
+  if (Status polled = poll(0ms); !polled.ok()) return polled;
+  return !generation_ack_outstanding_;
 }
 
 Result<std::vector<uint64_t>> Replica::verify_chunks(uint64_t offset, uint64_t length,
                                                      uint64_t chunk_size) {
   if (failed()) return error_;
   auto deadline = Clock::now() + operation_timeout_;
-  while (credits_ == 0) {
-    if (Status pumped = pump(kCreditPoll); !pumped.ok()) return fail(pumped);
-    if (Clock::now() > deadline) {
-      return fail(Status(Errc::kTimeout, "the target returned no receive credit within " +
-                                             std::to_string(operation_timeout_.count()) + " ms"));
-    }
-  }
+  PMIRROR_RETURN_IF_ERROR(await_credit(/*may_wait=*/true));
   verify_reply_.reset();
   protocol::VerifyRequest request{offset, length, chunk_size};
   if (Status sent = post_with_retry([&] { return messenger_->send(request); }); !sent.ok()) {
     return fail(sent);
   }
   --credits_;
+  last_sent_ = Clock::now();
   while (!verify_reply_) {
     if (Clock::now() > deadline) {
       return fail(Status(Errc::kTimeout, "verify of [" + std::to_string(offset) + ", +" +
@@ -453,6 +498,7 @@ Status Replica::heartbeat() {
   ping_sent_ = Clock::now();
   ++ping_token_;
   if (Status sent = messenger_->send(protocol::Ping{ping_token_}); !sent.ok()) return fail(sent);
+  last_sent_ = Clock::now();
   return Status::Ok();
 }
 
@@ -461,7 +507,9 @@ void Replica::close() {
     state_ = state_ == ReplicaState::kFailed ? ReplicaState::kFailed : ReplicaState::kClosed;
     return;
   }
-  if (!in_flight_.empty()) (void)wait_for(in_flight_.back());
+  if (auto newest = ledger_ ? ledger_->newest_pending(index_) : std::nullopt) {
+    (void)wait_for(*newest);
+  }
   if (!failed()) {
     // Let the Goodbye leave before the connection goes down.
     if (messenger_->send(protocol::Goodbye{}).ok()) (void)messenger_->wait_sends(500ms);

@@ -1,16 +1,24 @@
-// One replica of an open volume, as the initiator sees it: its connection,
-// the registrations the data path uses, and the persists in flight to it.
-// Not thread-safe: the Volume serialises access.
+// One session with a replica of an open volume: its connection, the
+// registrations the data path uses, its receive credits, and the protocol
+// exchanges in flight on it (a resync copy, a generation update, a verify
+// request, a ping). The persists posted to it are recorded in the volume's
+// PersistLedger (track_in), not here.
+//
+// Not thread-safe. Connecting runs on a thread of its own; from the moment
+// Peers attaches the session to a peer, it is used with the volume mutex
+// held (volume_core.h).
 #pragma once
 
 #include <array>
-#include <deque>
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "initiator/initiator.h"
+#include "initiator/persist_ledger.h"
 #include "initiator/sync_decision.h"
 #include "protocol/protocol.h"
 #include "session/session.h"
@@ -36,27 +44,57 @@ class Replica {
   bool failed() const { return state_ != ReplicaState::kConnected; }
   const Status& error() const { return error_; }
   uint64_t done_upto() const { return done_upto_; }
+  // Records the persists posted here in `ledger` as replica `index`. A
+  // session posts persists only once tracked.
+  void track_in(PersistLedger& ledger, size_t index);
 
   // Posts the Writes and the flush (APM Read + Commit, or PersistRequest)
-  // for one persist. Waits only if the target has no free receive slot.
-  Status post_persist(uint64_t sequence, uint64_t offset, uint64_t length);
-  // Returns once `sequence` is durable on the replica, or it failed.
+  // for one persist. With `may_wait`, waits (up to operation_timeout) while
+  // the target has no free receive slot or the send queue is full.
+  // Without, never waits: returns kResourceExhausted and leaves the replica
+  // as it was when it cannot take the persist now (nothing of it will
+  // complete; a Write already posted may still land, which is harmless to
+  // a caller that records the range dirty for this replica).
+  Status post_persist(uint64_t sequence, uint64_t offset, uint64_t length, bool may_wait = true);
+  // Waits until every persist posted here is durable (up to
+  // operation_timeout), or the replica failed.
+  Status drain();
+  // Returns once `sequence` is durable on the replica (or was never posted
+  // to it: nothing of it is in flight), or it failed.
   Status wait_for(uint64_t sequence);
+  // Processes completions for up to `timeout` (0: only what is there), then
+  // fails the replica if a persist, a resync copy or a ping has gone
+  // unanswered for operation_timeout. The progress check that catches a
+  // replica which stops answering without closing its connection.
+  Status poll(std::chrono::milliseconds timeout);
   // Never blocks: collects a pong if one arrived, fails the replica if the
   // last ping has gone unanswered for operation_timeout, otherwise sends a
   // new ping when none is outstanding.
   Status heartbeat();
-  // Copies [offset, +length) of the local copy to the replica and waits
-  // until it is durable there (Write + flush; no bookkeeping). Application
+  // Whether `sequence` was posted here and is not durable yet.
+  bool awaiting(uint64_t sequence) const;
+  // Persists posted here and not durable yet.
+  uint64_t in_flight_count() const;
+  // The target has a free receive slot for one more request.
+  bool has_credit() const { return credits_ > 0; }
+  // When we last heard from the target (a completion or a message), and
+  // when we last sent it a message: the supervisor pings when either is
+  // older than heartbeat_interval.
+  std::chrono::steady_clock::time_point last_heard() const { return last_heard_; }
+  std::chrono::steady_clock::time_point last_message_sent() const { return last_sent_; }
+  // Called (under the caller's lock, from whichever call processed the
+  // completion) with the time from posting to completion of each persist.
+  void on_persist_done(std::function<void(std::chrono::steady_clock::duration)> observer) {
+    persist_done_ = std::move(observer);
+  }
+  // Copies [offset, +length) of the local copy to the replica (Write +
+  // flush, as a persist; no bookkeeping), without waiting for the round
+  // trip: resync_done() then says whether it is durable (true), not yet
+  // (false), or failed. One resync copy in flight at a time. Application
   // persists may be in flight meanwhile: both go down the same connection
   // in order, so the replica ends with the newest bytes either way.
-  Status resync_range(uint64_t offset, uint64_t length);
-  // The same in two halves, so that the caller need not wait (and hold its
-  // lock) for the round trip: post the copy, then ask whether it is durable
-  // (true), not yet (false), or failed. One resync copy in flight at a time.
   Status post_resync(uint64_t offset, uint64_t length);
   Result<bool> resync_done();
-  uint64_t in_flight_count() const { return in_flight_.size(); }
   // The replica's copy as its descriptor described it, and what it reported
   // of its own activity log (an old primary that crashed).
   const RemoteCopy& remote_copy() const { return remote_copy_; }
@@ -65,8 +103,14 @@ class Replica {
   const std::vector<uint64_t>& remote_activity_extents() const { return remote_activity_extents_; }
   // Tells the target its copy now holds `generation` (consistent: a resync
   // completed, or the primary moved on while the replica stayed in sync;
-  // not consistent: a resync into it starts). Waits for the acknowledgement.
-  Status set_generation(uint64_t generation, bool consistent);
+  // not consistent: a resync into it starts). Never waits: without a free
+  // receive slot or room in the send queue it returns kResourceExhausted
+  // (try again later) and the replica is unchanged. One at a time.
+  Status post_generation(uint64_t generation, bool consistent);
+  // Whether the update posted last was acknowledged (true; remote_copy()
+  // then says so) or not yet (false). poll() fails the replica when it goes
+  // unacknowledged for operation_timeout.
+  Result<bool> generation_done();
   // XXH3-64 of each `chunk_size` chunk of [offset, +length) of the replica's
   // copy (at most protocol::kMaxVerifyChunks chunks).
   Result<std::vector<uint64_t>> verify_chunks(uint64_t offset, uint64_t length,
@@ -88,6 +132,19 @@ class Replica {
   Status pump(std::chrono::milliseconds timeout);
   Status handle_message(const protocol::Message& message);
   Status handle_completion(const transport::Completion& completion);
+  Status complete_persist(uint64_t sequence, std::string_view what);
+  // Waits for a free receive slot on the target. With `may_wait`, up to
+  // operation_timeout (failing the replica then); without, only takes what
+  // completions have returned: kResourceExhausted if none is free.
+  Status await_credit(bool may_wait);
+  // Posts the Write of [offset, +length) and its flush: under APM an 8-byte
+  // Read on the same connection (and for a persist the Commit carrying its
+  // bookkeeping), under GPSPM a PersistRequest. `sequence` is the
+  // persist's, or protocol::kResyncSequence for a resync copy. `may_wait`:
+  // retry while the send queue is full; without, kResourceExhausted when
+  // nothing of it will complete (the replica is unchanged), the replica
+  // failed on any other error. The one place that posts data.
+  Status post_write_flush(uint64_t sequence, uint64_t offset, uint64_t length, bool may_wait);
   // Retries a post while the send queue is full.
   Status post_with_retry(const std::function<Status()>& post);
 
@@ -107,8 +164,12 @@ class Replica {
   uint64_t generation_ = 0;
   uint64_t remote_last_sequence_ = 0;
   uint32_t credits_ = 0;
-  std::deque<uint64_t> in_flight_;
+  PersistLedger* ledger_ = nullptr;  // where the persists posted here are recorded
+  size_t index_ = 0;                 // this replica's index in the ledger
   uint64_t done_upto_ = 0;
+  std::chrono::steady_clock::time_point last_heard_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point last_sent_ = std::chrono::steady_clock::now();
+  std::function<void(std::chrono::steady_clock::duration)> persist_done_;
   uint64_t acknowledged_ = 0;
   uint64_t ping_token_ = 0;
   bool ping_outstanding_ = false;
@@ -117,6 +178,8 @@ class Replica {
   std::chrono::steady_clock::time_point resync_posted_{};
   std::string resync_what_;
   bool generation_ack_outstanding_ = false;
+  std::chrono::steady_clock::time_point generation_posted_{};
+  std::pair<uint64_t, bool> generation_update_{};  // (generation, consistent) in flight
   std::optional<protocol::VerifyReply> verify_reply_;
   RemoteCopy remote_copy_;
   bool remote_unclean_ = false;

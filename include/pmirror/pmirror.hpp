@@ -1,0 +1,217 @@
+// libpmirror's C++ API: a volume mirrored to pmirrord targets.
+//
+//   #include <pmirror/pmirror.hpp>
+//
+//   pmirror::VolumeOptions options;
+//   options.name = "db0";
+//   options.local_path = "/mnt/pmem/db0";
+//   options.identity = "app1";
+//   options.replicas = {{"10.0.0.2", 7450, "rdma", secret, "node2"}};
+//   auto volume = pmirror::Volume::open(options);
+//   if (!volume.ok()) { ... volume.status().message() ... }
+//   std::memcpy((*volume)->data() + 4096, record, n);
+//   pmirror::Status s = (*volume)->persist(4096, n);  // durable locally and on `ack` replicas
+//
+// Link with -lpmirror. The C API (pmirror.h) offers the same; docs/initiator.md
+// describes both, with the error classes.
+//
+// Each persist is written to every replica in parallel: one-sided Writes of
+// the range, then -- where the target guarantees APM -- an 8-byte Read on
+// the same connection as the flush and a Commit carrying the bookkeeping;
+// elsewhere (GPSPM) a PersistRequest that the target answers once it has
+// persisted the range itself.
+//
+// Thread safety: all methods may be called from several threads; persists
+// are then serialised. The bytes of a range must not change while its
+// persist is in flight (as with pmem_persist, a concurrent store may or may
+// not reach the replicas).
+//
+// Compatibility: the C++ API is kept source compatible within a major
+// version; its structs may grow, so an application is rebuilt against the
+// headers of the libpmirror it runs with. The C API (pmirror.h) is the
+// stable ABI.
+#pragma once
+
+#include <pmirror/export.h>
+#include <pmirror/version.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <pmirror/status.hpp>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace pmirror {
+
+struct ReplicaSpec {
+  std::string address;
+  uint16_t port = 7450;
+  // "tcp" or "rdma"; anything else fails open() with kInvalidArgument.
+  std::string transport = "tcp";
+  std::string secret;  // the volume's shared secret on that target
+  // The node's name in the cluster configuration, for status and logs;
+  // empty: the replica is called by its address.
+  std::string node;
+};
+
+enum class MethodPreference {
+  kAuto,   // APM where the target guarantees it, GPSPM otherwise
+  kGpspm,  // always ask the target to persist (Send/Recv)
+};
+
+struct VolumeOptions {
+  std::string name;        // the volume's name on the targets
+  std::string local_path;  // the local copy: devdax, a file on fsdax, or a plain file
+  uint64_t size = 0;       // 0: use the existing local copy's size
+  bool create = false;     // create the local file if missing
+  std::string identity;    // who we are to the targets (their allowed_peers)
+  std::vector<ReplicaSpec> replicas;
+  MethodPreference method = MethodPreference::kAuto;
+  uint32_t max_in_flight = 32;  // asynchronous persists outstanding before persist_async waits
+  std::chrono::milliseconds connect_timeout{5000};
+  // How long a persist waits for a replica before calling it failed.
+  std::chrono::milliseconds operation_timeout{10000};
+  // While idle, each replica is pinged this often, so that the target keeps
+  // the session and a dead target is noticed.
+  std::chrono::milliseconds heartbeat_interval{2000};
+  // Replicas that must acknowledge a persist before it returns; 0: all.
+  // A persist returns as soon as `ack` in-sync replicas hold it; the others
+  // get it too, without being waited for, and one that cannot take more
+  // (it stopped answering) lags: its ranges are recorded dirty instead.
+  // A lost or lagging replica is reconnected / resynced in the background
+  // (backoff with jitter) and brought up to date before it counts again.
+  uint32_t ack = 0;
+  std::chrono::milliseconds reconnect_initial{200};
+  std::chrono::milliseconds reconnect_max{10000};
+  // Bytes copied per step when bringing a reconnected replica up to date;
+  // the application's persists run between steps.
+  uint64_t resync_step = 1ull << 20;
+
+  // --- recovery (docs/replica-recovery.md) ---
+  // The local copy's metadata pool (generations, dirty bitmaps, activity
+  // log); empty: next to the local copy, <local_path>.pmirror (devdax:
+  // /var/lib/pmirror/<name>.pmirror).
+  std::string metadata_path;
+  uint64_t chunk_size = 64ull << 10;    // bytes per dirty bit (4 KiB .. 1 MiB)
+  uint64_t resync_rate = 100ull << 20;  // bytes/s a resync may copy; 0: unlimited
+  // A persist that cannot reach `ack` in-sync replicas: fail at once
+  // (false), or wait until enough replicas are back in sync (true).
+  bool block_when_insufficient = false;
+  // Split brain (both copies moved on from a common generation): refuse
+  // the replica (false), or copy the whole volume over it (true).
+  bool overwrite_split_brain = false;
+  // This node is not the configured primary: the copy must have been
+  // promoted here (`pmirrorctl promote`) before it may be opened.
+  bool require_promoted = false;
+  // How long open() waits for replicas that need an initial or catch-up
+  // resync before `ack` of them are in sync.
+  std::chrono::milliseconds open_sync_timeout{600000};
+};
+
+// One replica's comparison by verify().
+struct VerifyPeerResult {
+  std::string peer;
+  uint64_t chunks_compared = 0;
+  uint64_t bytes_compared = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> mismatches;  // (offset, length), merged
+  // Being written while verify looked (their local bytes kept changing):
+  // not verified, not reported as differing. (offset, length), merged.
+  std::vector<std::pair<uint64_t, uint64_t>> busy;
+  uint64_t marked_dirty = 0;                              // chunks marked for resync (mark_dirty)
+  Status status;  // not ok: the replica could not be compared
+};
+
+enum class ReplicaState { kConnected, kFailed, kClosed };
+// "connected", "failed", "closed".
+PMIRROR_EXPORT std::string_view replica_state_name(ReplicaState state);
+
+struct ReplicaStatus {
+  std::string address;            // host:port
+  std::string transport = "tcp";  // "tcp" or "rdma"
+  ReplicaState state = ReplicaState::kClosed;
+  std::string connection;  // the supervisor's state: connecting, connected, syncing, ...
+  std::string method;      // "apm" or "gpspm"
+  uint64_t generation = 0;
+  uint64_t acknowledged_sequence = 0;  // highest sequence durable on the replica
+  uint64_t resynced_bytes = 0;         // copied by the last resync
+  std::string last_error;
+};
+
+class PMIRROR_EXPORT Volume {
+ public:
+  // Maps the local copy, connects and authenticates to every replica (in
+  // parallel), and checks that each replica's region has the local size.
+  // Errors: kInvalidArgument (an option out of range, an unknown transport,
+  // a replica's region of another size), kPermissionDenied (wrong secret or
+  // identity, a copy that must be promoted first), kNotFound (the target
+  // has no such volume), kBusy (another writer), kSplitBrain,
+  // kFailedPrecondition (a replica was promoted: this copy is no longer
+  // the primary), kConnectionError / kTimeout (fewer than `ack` replicas
+  // reachable in time), kIoError (the local copy or its metadata). The
+  // message names every replica at fault and why; nothing is left open.
+  static Result<std::unique_ptr<Volume>> open(const VolumeOptions& options);
+  // Opens `volume` as the cluster configuration file describes it: this
+  // node (`node`, or the one named like this host) must hold a copy; the
+  // replicas, secret, ack policy and timers come from the file. Errors: as
+  // open(), and kConfigError (the file cannot be read or is wrong, or it
+  // has no such node or volume, or this node holds no copy of it).
+  static Result<std::unique_ptr<Volume>> open_from_config(const std::string& config_path,
+                                                          const std::string& volume,
+                                                          const std::string& identity,
+                                                          const std::string& node = "");
+  ~Volume();  // drains, says Goodbye, disconnects
+  Volume(const Volume&) = delete;
+  Volume& operator=(const Volume&) = delete;
+
+  std::byte* data() const;
+  uint64_t size() const;
+  bool is_pmem() const;
+
+  // Durable locally and on `ack` in-sync replicas (default every replica)
+  // when it returns ok. Errors: kInvalidArgument (range outside the
+  // volume); kConnectionError / kTimeout when fewer than `ack` replicas
+  // acknowledged it, naming each replica that did not and why.
+  Status persist(uint64_t offset, uint64_t length);
+  // memcpy into the mapping, then persist. Errors: as persist().
+  Status write(uint64_t offset, const void* source, uint64_t length);
+
+  // Starts a persist and returns its sequence number; completes in order.
+  // Errors: as persist(), and kInvalidArgument for an empty range.
+  Result<uint64_t> persist_async(uint64_t offset, uint64_t length);
+  // Returns once every persist up to `sequence` is durable on `ack`
+  // replicas (as persist). Errors: as persist().
+  Status wait(uint64_t sequence);
+  Status drain();  // wait for everything started so far
+
+  // Starts a resync of `peer` (node name or host:port) now: its dirty
+  // chunks, or with `full` every chunk. Errors: kNotFound (no such
+  // replica), kFailedPrecondition (it is not connected).
+  Status resync(const std::string& peer, bool full);
+  // Compares the local copy with the replicas (`peer` empty: every
+  // connected one) chunk by chunk, by XXH3-64 computed on each side.
+  // Chunks that differ are checked again with nothing in flight to the
+  // replica, until they differ twice with the same local bytes (reported
+  // and, with `mark_dirty`, marked for resync, which then starts), are
+  // equal, or keep changing (reported busy: the application is writing
+  // there). Chunks already recorded dirty for a replica are not reported.
+  // Errors: kNotFound (no such
+  // replica), kFailedPrecondition (no connected replica to compare); a
+  // replica that fails during the comparison has its own status.
+  Result<std::vector<VerifyPeerResult>> verify(const std::string& peer, bool mark_dirty);
+
+  std::vector<ReplicaStatus> replicas() const;
+  // The status object of docs/control.md for this volume (role primary).
+  std::string status_json() const;
+
+  class Impl;  // libpmirror's own
+
+ private:
+  explicit Volume(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pmirror

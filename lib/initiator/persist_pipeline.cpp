@@ -1,0 +1,164 @@
+#include "initiator/persist_pipeline.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace pmirror::initiator {
+
+PersistPipeline::PersistPipeline(VolumeCore& core, PersistLedger& ledger, ActivityLog& activity,
+                                 Peers& peers)
+    : core_(core), ledger_(ledger), activity_(activity), peers_(peers) {}
+
+Status PersistPipeline::check_range(uint64_t offset, uint64_t length) const {
+  const uint64_t size = core_.local->size();
+  if (offset > size || length > size - offset) {
+    return Status(Errc::kInvalidArgument, "range [" + std::to_string(offset) + ", +" +
+                                              std::to_string(length) + ") is outside volume '" +
+                                              core_.options.name + "' of " + std::to_string(size) +
+                                              " bytes");
+  }
+  return Status::Ok();
+}
+
+bool PersistPipeline::holds(const Peer& peer, uint64_t sequence) {
+  return peer.replica->done_upto() >= sequence ||
+         (peer.in_sync_since > sequence && !peer.replica->awaiting(sequence));
+}
+
+Status PersistPipeline::wait(std::unique_lock<std::mutex>& lock, uint64_t sequence) {
+  if (sequence <= ledger_.acknowledged()) return Status::Ok();
+  if (sequence >= ledger_.next_sequence()) {
+    return Status(Errc::kInvalidArgument,
+                  "sequence " + std::to_string(sequence) + " was never started");
+  }
+  // No transport wait covers several connections yet: look at every
+  // replica still needed without waiting, then wait a short slice on the
+  // one most likely to answer first.
+  constexpr auto kWaitSlice = std::chrono::milliseconds(1);
+  const uint32_t required = peers_.required_acks();
+  std::vector<Peer*> pending;
+  while (true) {
+    uint32_t acknowledged = 0;
+    pending.clear();
+    std::string problems;
+    auto note = [&](const std::string& problem) {
+      if (!problems.empty()) problems += "; ";
+      problems += problem;
+    };
+    for (const auto& peer : peers_.all()) {
+      if (!peer->live() || !peer->in_sync) {
+        note(Peers::describe(*peer));
+        continue;
+      }
+      if (Status polled = peer->replica->poll(std::chrono::milliseconds(0)); !polled.ok()) {
+        note(polled.message());
+        peers_.drop(*peer, polled);
+        continue;
+      }
+      if (holds(*peer, sequence)) {
+        ++acknowledged;
+      } else {
+        pending.push_back(peer.get());
+      }
+    }
+    peers_.settle();
+    if (acknowledged >= required) break;
+    if (acknowledged + pending.size() >= required) {
+      Peer* next = *std::min_element(pending.begin(), pending.end(), [](Peer* a, Peer* b) {
+        return a->replica->in_flight_count() < b->replica->in_flight_count();
+      });
+      if (Status polled = next->replica->poll(kWaitSlice); !polled.ok()) {
+        peers_.drop(*next, polled);
+      }
+      continue;
+    }
+    if (!core_.options.block_when_insufficient) {
+      return Status(Errc::kConnectionError,
+                    "persist " + std::to_string(sequence) + " of volume '" + core_.options.name +
+                        "' is durable on " + std::to_string(acknowledged) + " of the " +
+                        std::to_string(required) + " replicas required: " + problems);
+    }
+    // on_insufficient: block -- until enough replicas are back in sync.
+    spdlog::debug("volume {}: persist {} waits for replicas: {}", core_.options.name, sequence,
+                  problems);
+    core_.sync_changed.wait_for(lock, std::chrono::milliseconds(500));
+  }
+  ledger_.acknowledge(sequence);
+  return Status::Ok();
+}
+
+Status PersistPipeline::log_activity(uint64_t sequence, uint64_t offset, uint64_t length) {
+  if (!activity_.covers(offset, length)) {
+    uint64_t settled = std::min(ledger_.acknowledged(), peers_.durable_everywhere());
+    PMIRROR_RETURN_IF_ERROR(activity_.add(offset, length, settled));
+  }
+  activity_.note(sequence, offset, length);
+  return Status::Ok();
+}
+
+Result<uint64_t> PersistPipeline::start(std::unique_lock<std::mutex>& lock, uint64_t offset,
+                                        uint64_t length) {
+  constexpr uint64_t kPiece = metadata::kActivityLogSlots / 4 * metadata::kActivityExtent;
+  uint64_t sequence = 0;
+  while (length > 0) {
+    // Pieces end on an extent boundary, so each touches at most
+    // kActivityLogSlots / 4 extents.
+    uint64_t piece = std::min(length, kPiece - offset % metadata::kActivityExtent);
+    PMIRROR_ASSIGN_OR_RETURN(sequence, start_piece(lock, offset, piece));
+    offset += piece;
+    length -= piece;
+  }
+  return sequence;
+}
+
+Result<uint64_t> PersistPipeline::start_piece(std::unique_lock<std::mutex>& lock, uint64_t offset,
+                                              uint64_t length) {
+  const uint32_t max_in_flight = core_.options.max_in_flight;
+  // Keep at most max_in_flight persists outstanding.
+  if (ledger_.last_started() - ledger_.acknowledged() >= max_in_flight) {
+    PMIRROR_RETURN_IF_ERROR(wait(lock, ledger_.next_sequence() - max_in_flight));
+  }
+  uint64_t sequence = ledger_.next_sequence();
+  Status logged = log_activity(sequence, offset, length);
+  if (!logged.ok() && logged.code() == Errc::kResourceExhausted) {
+    // Every slot holds an extent with a persist in flight: let them finish.
+    PMIRROR_RETURN_IF_ERROR(wait(lock, ledger_.last_started()));
+    logged = log_activity(sequence, offset, length);
+  }
+  PMIRROR_RETURN_IF_ERROR(logged);
+  ledger_.start(offset, length);
+  // Replicas that are not connected, or lagging, get the range marked
+  // dirty first (a local 8-byte persist per new word, no round trip);
+  // connected ones -- in sync or being brought up to date -- get the
+  // persist itself.
+  for (const auto& peer : peers_.all()) {
+    if (!peer->live()) {
+      peers_.mark_dirty(*peer, offset, length);
+    } else if (peer->lagging) {
+      peers_.mark_missed(*peer, offset, length);
+    }
+  }
+  for (const auto& peer : peers_.all()) {
+    if (!peer->live() || peer->lagging) continue;
+    // A replica that does not count for ack, or without which ack is
+    // still met, never holds the persist back: if it cannot take it now,
+    // it lags. The others are waited for (ack: all waits for every one).
+    bool may_lag = !peer->in_sync || peers_.in_sync_count() > peers_.required_acks();
+    Status posted = peer->replica->post_persist(sequence, offset, length, /*may_wait=*/!may_lag);
+    if (posted.ok()) {
+      peer->bytes += length;
+    } else if (peer->replica->failed()) {
+      peers_.drop(*peer, posted);
+    } else {
+      peers_.start_lagging(*peer, posted);
+    }
+  }
+  // The local copy is persisted while the replicas work.
+  Status local_persist = core_.local->persist(offset, length);
+  if (!local_persist.ok()) return local_persist.with_context("local copy");
+  return sequence;
+}
+
+}  // namespace pmirror::initiator

@@ -1,0 +1,58 @@
+// The persist pipeline: what Volume::persist, persist_async, wait and
+// drain do (docs/architecture.md, "The data path"). Starting a persist
+// takes the next sequence in the PersistLedger (after at most
+// max_in_flight outstanding), logs its extents in the activity log, marks
+// it dirty for the peers that will not get it, posts it to the others,
+// and persists the local copy. Waiting applies the ack policy: `ack`
+// in-sync replicas hold it (every in-sync replica with ack 0); a replica
+// that cannot take a persist lags rather than hold the application back,
+// as long as `ack` can be met without it.
+//
+// Ownership: no state of its own beyond what it is given; the sequences and
+// the persists are the ledger's, the replicas Peers'. Called by application
+// threads with the volume mutex held (the `lock` arguments), which it
+// releases only while a blocked persist waits for replicas to come back.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+
+#include "initiator/activity_log.h"
+#include "initiator/peers.h"
+#include "initiator/persist_ledger.h"
+#include "initiator/volume_core.h"
+
+namespace pmirror::initiator {
+
+class PersistPipeline {
+ public:
+  PersistPipeline(VolumeCore& core, PersistLedger& ledger, ActivityLog& activity, Peers& peers);
+
+  // kInvalidArgument when the range is outside the volume. No lock needed.
+  Status check_range(uint64_t offset, uint64_t length) const;
+  // Starts persisting [offset, +length) (length > 0); returns the sequence
+  // that stands for it. A persist larger than a quarter of the activity
+  // log is started as several, so that each fits in the log; they complete
+  // in order, so the last one's sequence stands for the whole.
+  Result<uint64_t> start(std::unique_lock<std::mutex>& lock, uint64_t offset, uint64_t length);
+  // Returns once every persist up to `sequence` is durable on `ack` in-sync
+  // replicas; replicas beyond `ack` keep their copy of the persist in
+  // flight and are not waited for.
+  Status wait(std::unique_lock<std::mutex>& lock, uint64_t sequence);
+
+ private:
+  Result<uint64_t> start_piece(std::unique_lock<std::mutex>& lock, uint64_t offset,
+                               uint64_t length);
+  Status log_activity(uint64_t sequence, uint64_t offset, uint64_t length);
+  // Whether `sequence` is durable on an in-sync peer: it acknowledged it,
+  // or the peer became in sync after the persist started and the persist
+  // was not sent to it (the resync that brought it there copied the range).
+  static bool holds(const Peer& peer, uint64_t sequence);
+
+  VolumeCore& core_;
+  PersistLedger& ledger_;
+  ActivityLog& activity_;
+  Peers& peers_;
+};
+
+}  // namespace pmirror::initiator

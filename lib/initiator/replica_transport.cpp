@@ -1,0 +1,11 @@
+#include "initiator/initiator.h"
+
+namespace pmirror::initiator {
+
+// The registry decides: "tcp"/"rdma" as a configuration names them, "fake"
+// only while a test has registered it (transport::kind_for_name).
+Result<transport::Kind> replica_transport(std::string_view name) {
+  return transport::kind_for_name(name);
+}
+
+}  // namespace pmirror::initiator

@@ -1,0 +1,82 @@
+// What every piece of an open volume shares (docs/architecture.md, "Inside
+// libpmirror"): its options, the local copy, the copy's metadata, and the
+// volume mutex that guards the pieces' state.
+//
+// Locking, the whole rule: one mutex per volume, `VolumeCore::mutex`.
+// Each piece (PersistLedger, ActivityLog, Peers, Resyncer, PersistPipeline,
+// Verifier) keeps its state in its own members and documents them as
+// guarded by it; every call into a piece that touches that state is made
+// with it held, by the application's thread (persist, wait, status, verify,
+// resync) or the supervisor thread (one peer at a time). The mutex is held
+// across network waits (a persist waiting for its acknowledgements, a
+// verify batch): that is today's behaviour, kept on purpose -- issue 11
+// replaces it with per-replica lanes and completion-driven waiting.
+// Objects with their own lock: CopyMetadata, the peers' PeerStateMachine
+// and LatencyWindow, and SupervisorWakeup below.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "initiator/initiator.h"
+#include "metadata/metadata.h"
+#include "region/region.h"
+
+namespace pmirror::initiator {
+
+using Clock = std::chrono::steady_clock;
+
+// How the supervisor thread is woken early and told to stop. Pieces that
+// leave it work (a generation update to send, a resync to start) wake it.
+class SupervisorWakeup {
+ public:
+  void wake();
+  void stop();
+  // Sleeps for `timeout` or until woken (0: not at all). False once stop()
+  // was called, before or during the sleep.
+  bool sleep(std::chrono::microseconds timeout);
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;  // guarded by mutex_
+};
+
+struct VolumeCore {
+  VolumeCore(const VolumeOptions& volume_options, std::unique_ptr<region::Region> local_copy,
+             std::unique_ptr<metadata::CopyMetadata> copy_metadata);
+
+  // Fixed after open, except that closing turns block_when_insufficient off
+  // (with the volume mutex held) so that closing never waits for replicas.
+  VolumeOptions options;
+  const std::unique_ptr<region::Region> local;  // persist() with the volume mutex held
+  // Thread-safe on its own. Which peers it tracks and their dirty bits
+  // change with the volume mutex held.
+  const std::unique_ptr<metadata::CopyMetadata> meta;
+  const uint64_t chunk_size;  // bytes per dirty bit
+  const uint64_t chunks;      // dirty bits per peer
+
+  // The volume mutex (see the top of this file).
+  std::mutex mutex;
+  // Notified, with `mutex`, when a replica becomes in sync or stops being
+  // in sync (blocked persists and open() wait on it).
+  std::condition_variable sync_changed;
+  // Application threads waiting for `mutex`: the supervisor and verify let
+  // them in between their steps rather than taking the mutex straight back.
+  std::atomic<int> app_waiting{0};
+  SupervisorWakeup supervisor_wakeup;
+
+  uint64_t current_generation() const { return meta->info().generations.current; }
+  // Bytes that `dirty` chunks stand for (the last chunk may be short).
+  uint64_t chunk_bytes(uint64_t dirty) const;
+};
+
+// Takes the volume mutex for an application call, letting the supervisor
+// know someone is waiting for it.
+std::unique_lock<std::mutex> app_lock(VolumeCore& core);
+
+}  // namespace pmirror::initiator

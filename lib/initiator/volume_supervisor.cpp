@@ -1,0 +1,94 @@
+#include "initiator/volume_supervisor.h"
+
+#include <algorithm>
+
+namespace pmirror::initiator {
+
+VolumeSupervisor::VolumeSupervisor(VolumeCore& core, Peers& peers, Resyncer& resyncer)
+    : core_(core), peers_(peers), resyncer_(resyncer) {}
+
+VolumeSupervisor::~VolumeSupervisor() { stop(); }
+
+void VolumeSupervisor::start() {
+  thread_ = std::thread([this] { run(); });
+}
+
+void VolumeSupervisor::stop() {
+  core_.supervisor_wakeup.stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+void VolumeSupervisor::run() {
+  Work work = Work::kIdle;
+  // Idle: look again soon. Waiting: a resync copy or an acknowledgement is
+  // on its way, look again shortly. Busy: at once.
+  auto pause = [](Work w) -> std::chrono::microseconds {
+    return w == Work::kIdle      ? std::chrono::milliseconds(50)
+           : w == Work::kWaiting ? std::chrono::microseconds(100)
+                                 : std::chrono::microseconds(0);
+  };
+  while (core_.supervisor_wakeup.sleep(pause(work))) {
+    work = supervise();
+    if (work != Work::kIdle) {
+      for (int spins = 0; core_.app_waiting.load() > 0 && spins < 1000; ++spins) {
+        std::this_thread::sleep_for(std::chrono::microseconds(10));
+      }
+    }
+  }
+}
+
+Work VolumeSupervisor::supervise() {
+  Work work = Work::kIdle;
+  for (const auto& peer : peers_.all()) {
+    std::unique_lock lock(core_.mutex);
+    work = std::max(work, supervise(*peer));
+  }
+  std::lock_guard lock(core_.mutex);
+  peers_.settle();
+  return work;
+}
+
+Work VolumeSupervisor::supervise(Peer& peer) {
+  Work work = Work::kIdle;
+  if (peer.connecting.valid()) {
+    if (peer.connecting.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      return work;
+    }
+    if (auto resync = peers_.finish_reconnect(peer)) {
+      resyncer_.start(peer, resync->full, resync->reason);
+    }
+  } else if (!peer.live() && Clock::now() >= peer.next_attempt) {
+    peers_.start_reconnect(peer);
+    return work;
+  }
+  if (!peer.live()) return work;
+  // The progress check: persists no longer wait for every replica, so a
+  // replica that stops answering without closing its connection is caught
+  // here (a persist, copy or ping unanswered for operation_timeout),
+  // however busy the volume is.
+  if (Status alive = peer.replica->poll(std::chrono::milliseconds(0)); !alive.ok()) {
+    peers_.drop(peer, alive);
+    return work;
+  }
+  if (peer.lagging && peer.replica->in_flight_count() == 0 && peer.replica->has_credit()) {
+    resyncer_.catch_up(peer);
+    work = Work::kBusy;
+  }
+  bool settled = peers_.settle_generation(peer, [this](Peer& finished, uint64_t generation) {
+    resyncer_.finish(finished, generation);
+  });
+  if (!settled) {
+    if (!peer.live()) return work;
+    // An acknowledgement to collect soon (a lagging replica sends none).
+    if (!peer.lagging) work = std::max(work, Work::kWaiting);
+  }
+  if (resyncer_.active(peer)) {
+    work = std::max(work, resyncer_.step(peer));
+  } else if (peer.in_sync) {
+    peers_.announce_generation(peer);
+  }
+  peers_.heartbeat_if_quiet(peer);
+  return work;
+}
+
+}  // namespace pmirror::initiator

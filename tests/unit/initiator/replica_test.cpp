@@ -1,0 +1,170 @@
+// One session with a real target over the fake fabric: the one routine
+// that posts Write + flush (persists and resync copies), the one credit
+// wait, and the persists it records in the volume's ledger.
+#include "initiator/replica.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "unit/initiator/fake_targets.h"
+
+namespace pmirror::initiator {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::FakeTargetsTest;
+
+class ReplicaTest : public FakeTargetsTest {
+ protected:
+  void open(config::ApmPolicy apm, std::chrono::milliseconds operation_timeout = 10s) {
+    start_targets(1, apm);
+    VolumeOptions o = options();
+    o.operation_timeout = operation_timeout;
+    volume_ = make_volume(o);
+    ASSERT_NE(volume_, nullptr);
+    core_ = &volume_->core;
+    replica_ = connect(*core_, 0);
+    ASSERT_NE(replica_, nullptr);
+    replica_->track_in(ledger_, 0);
+    replica_->on_persist_done([this](Clock::duration) { ++done_; });
+  }
+
+  // Stores `byte` over [offset, +length) of the local copy and starts a
+  // persist of it in the ledger.
+  uint64_t store(uint64_t offset, uint64_t length, std::byte byte) {
+    std::memset(core_->local->data() + offset, static_cast<int>(byte), length);
+    return ledger_.start(offset, length);
+  }
+
+  bool target_holds(uint64_t offset, uint64_t length, std::byte byte) {
+    auto bytes = target_bytes(0);
+    return std::all_of(bytes.begin() + offset, bytes.begin() + offset + length,
+                       [&](std::byte b) { return b == byte; });
+  }
+
+  // Posts persists without waiting until the target has no receive slot
+  // left (the fabric runs nothing meanwhile); returns how many went.
+  uint64_t exhaust_credits() {
+    fabric().set_manual(true);
+    uint64_t posted = 0;
+    while (replica_->has_credit()) {
+      uint64_t sequence = store(posted * 64, 64, std::byte{1});
+      EXPECT_TRUE(replica_->post_persist(sequence, posted * 64, 64, /*may_wait=*/false).ok());
+      ++posted;
+    }
+    return posted;
+  }
+
+  // A resync copy: its Write and its flush (a Read, or a PersistRequest of
+  // sequence 0), through the routine persists use; no bookkeeping.
+  void copy_and_check() {
+    std::memset(core_->local->data() + 65536, 0x77, 8192);
+    uint64_t before = fabric().executed("initiator");
+    ASSERT_TRUE(replica_->post_resync(65536, 8192).ok());
+    EXPECT_EQ(fabric().executed("initiator") - before, 2u);
+    EXPECT_EQ(replica_->post_resync(0, 4096).code(), Errc::kInternal) << "one at a time";
+    bool done = false;
+    for (int i = 0; i < 5000 && !done; ++i) {
+      auto polled = replica_->resync_done();
+      ASSERT_TRUE(polled.ok()) << polled.status().to_string();
+      done = *polled;
+      if (!done) std::this_thread::sleep_for(1ms);
+    }
+    EXPECT_TRUE(done);
+    EXPECT_TRUE(target_holds(65536, 8192, std::byte{0x77}));
+    EXPECT_EQ(ledger_.size(), 0u) << "a resync copy is not a persist";
+    EXPECT_EQ(replica_->done_upto(), 0u);
+  }
+
+  void TearDown() override {
+    replica_.reset();  // its registrations before the local copy
+    FakeTargetsTest::TearDown();
+  }
+
+  VolumeCore* core_ = nullptr;  // volume_'s
+  PersistLedger ledger_;
+  std::unique_ptr<Replica> replica_;
+  int done_ = 0;
+};
+
+TEST_F(ReplicaTest, ApmPersistIsAWriteAReadAndACommit) {
+  open(config::ApmPolicy::kOn);
+  ASSERT_TRUE(replica_->uses_apm());
+  uint64_t sequence = store(8192, 300, std::byte{0x5a});
+  uint64_t before = fabric().executed("initiator");
+  ASSERT_TRUE(replica_->post_persist(sequence, 8192, 300).ok());
+  EXPECT_EQ(fabric().executed("initiator") - before, 3u) << "Write, flush Read, Commit";
+  ASSERT_TRUE(replica_->wait_for(sequence).ok());
+  EXPECT_EQ(replica_->done_upto(), sequence);
+  EXPECT_EQ(ledger_.pending_count(0), 0u);
+  EXPECT_EQ(done_, 1);
+  EXPECT_TRUE(target_holds(8192, 300, std::byte{0x5a}));
+}
+
+TEST_F(ReplicaTest, GpspmPersistIsAWriteAndAPersistRequest) {
+  open(config::ApmPolicy::kOff);
+  ASSERT_FALSE(replica_->uses_apm());
+  uint64_t sequence = store(0, 4096, std::byte{0x33});
+  uint64_t before = fabric().executed("initiator");
+  ASSERT_TRUE(replica_->post_persist(sequence, 0, 4096).ok());
+  EXPECT_EQ(fabric().executed("initiator") - before, 2u) << "Write, PersistRequest";
+  EXPECT_TRUE(replica_->awaiting(sequence) || replica_->done_upto() == sequence);
+  ASSERT_TRUE(replica_->wait_for(sequence).ok());
+  EXPECT_FALSE(replica_->awaiting(sequence));
+  EXPECT_TRUE(target_holds(0, 4096, std::byte{0x33}));
+}
+
+TEST_F(ReplicaTest, ApmResyncCopyIsAWriteAndARead) {
+  open(config::ApmPolicy::kOn);
+  copy_and_check();
+}
+
+TEST_F(ReplicaTest, GpspmResyncCopyIsAWriteAndAPersistRequest) {
+  open(config::ApmPolicy::kOff);
+  copy_and_check();
+}
+
+TEST_F(ReplicaTest, WithoutWaitingAFullTargetRefusesAndNothingIsPosted) {
+  open(config::ApmPolicy::kOn);
+  uint64_t posted = exhaust_credits();
+  EXPECT_GT(posted, 0u);
+  uint64_t sequence = store(1 << 19, 64, std::byte{2});
+  size_t queued = fabric().pending();
+  Status refused = replica_->post_persist(sequence, 1 << 19, 64, /*may_wait=*/false);
+  EXPECT_EQ(refused.code(), Errc::kResourceExhausted) << refused.to_string();
+  EXPECT_NE(refused.message().find("has no free receive slot: " + std::to_string(posted) +
+                                   " persists unacknowledged"),
+            std::string::npos)
+      << refused.message();
+  EXPECT_FALSE(replica_->failed());
+  EXPECT_EQ(fabric().pending(), queued) << "nothing of the refused persist was posted";
+  EXPECT_FALSE(ledger_.is_pending(0, sequence));
+  // The same wait refuses a generation update.
+  EXPECT_EQ(replica_->post_generation(42, true).code(), Errc::kResourceExhausted);
+  // Once the target answers, credits come back and persists go again.
+  fabric().set_manual(false);
+  ASSERT_TRUE(replica_->drain().ok());
+  EXPECT_EQ(replica_->done_upto(), posted);
+  // (Flushes complete before the CommitAcks that return the slots: this
+  // one waits for a slot.)
+  ASSERT_TRUE(replica_->post_persist(sequence, 1 << 19, 64, /*may_wait=*/true).ok());
+  ASSERT_TRUE(replica_->wait_for(sequence).ok());
+  EXPECT_TRUE(target_holds(1 << 19, 64, std::byte{2}));
+}
+
+TEST_F(ReplicaTest, WaitingForACreditGivesUpAfterTheOperationTimeout) {
+  open(config::ApmPolicy::kOn, 300ms);
+  exhaust_credits();
+  Status copy = replica_->post_resync(0, 4096);
+  EXPECT_EQ(copy.code(), Errc::kTimeout) << copy.to_string();
+  EXPECT_NE(copy.message().find("the target returned no receive credit within 300 ms"),
+            std::string::npos)
+      << copy.message();
+  EXPECT_TRUE(replica_->failed());
+  // Failed: every later call says why, without waiting.
+  EXPECT_EQ(replica_->verify_chunks(0, 4096, 4096).status().code(), Errc::kTimeout);
+}
+
+}  // namespace
+}  // namespace pmirror::initiator
