@@ -4,8 +4,8 @@
 // `pmirrorctl status --json`, `events` -- must follow what happens: a
 // replica stopped, restarted (and brought up to date), a config reloaded
 // with a volume added and one removed, a broken config refused on reload.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,11 +17,11 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <pmirror/pmirror.hpp>
 #include <sstream>
 #include <thread>
 
 #include "control/control.h"
-#include "initiator/initiator.h"
 #include "support/daemon_process.h"
 
 namespace pmirror {
@@ -238,7 +238,7 @@ class ClusterTest : public ::testing::Test {
 };
 
 TEST_F(ClusterTest, StatusFollowsAReplicaStoppedAndRestartedAndResyncsIt) {
-  auto volume = initiator::Volume::open_from_config(config_path(), "v1", "app", "app");
+  auto volume = Volume::open_from_config(config_path(), "v1", "app", "app");
   ASSERT_TRUE(volume.ok()) << volume.status().to_string();
   for (int i = 0; i < 50; ++i) ASSERT_TRUE((*volume)->write(i * 4096, "before", 6).ok());
 
@@ -284,7 +284,7 @@ TEST_F(ClusterTest, StatusFollowsAReplicaStoppedAndRestartedAndResyncsIt) {
 
   stop_events = true;
   // Nudge the subscriber out of its read: any event will do.
-  auto again = initiator::Volume::open_from_config(config_path(), "v1", "app", "app");
+  auto again = Volume::open_from_config(config_path(), "v1", "app", "app");
   again->reset();
   subscriber.join();
   std::lock_guard lock(events_mutex);
@@ -299,7 +299,7 @@ TEST_F(ClusterTest, StatusFollowsAReplicaStoppedAndRestartedAndResyncsIt) {
 }
 
 TEST_F(ClusterTest, ReloadAddsAndRemovesVolumesWithoutTouchingTheOthers) {
-  auto volume = initiator::Volume::open_from_config(config_path(), "v1", "app", "app");
+  auto volume = Volume::open_from_config(config_path(), "v1", "app", "app");
   ASSERT_TRUE(volume.ok()) << volume.status().to_string();
   EXPECT_EQ(volume_names(status(1), "pmirrord"), (std::vector<std::string>{"v1", "v3"}));
 
@@ -314,7 +314,7 @@ TEST_F(ClusterTest, ReloadAddsAndRemovesVolumesWithoutTouchingTheOthers) {
   EXPECT_EQ(peer_state(status(1), "initiator", "v1", "node1"), "connected");
 
   // The new volume is served.
-  auto v4 = initiator::Volume::open_from_config(config_path(), "v4", "app", "app");
+  auto v4 = Volume::open_from_config(config_path(), "v4", "app", "app");
   ASSERT_TRUE(v4.ok()) << v4.status().to_string();
   EXPECT_TRUE((*v4)->write(10, "v4", 2).ok());
 

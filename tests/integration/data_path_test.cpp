@@ -11,19 +11,17 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <pmirror/pmirror.hpp>
 #include <random>
 #include <thread>
 
-#include "initiator/initiator.h"
 #include "region/region.h"
 #include "support/daemon_process.h"
+#include "transport/transport.h"
 
 namespace pmirror {
 namespace {
 
-using initiator::ReplicaSpec;
-using initiator::Volume;
-using initiator::VolumeOptions;
 using testing::DaemonProcess;
 using testing::TempDir;
 using testing::VolumeSpec;
@@ -92,7 +90,8 @@ class DataPathTest : public ::testing::Test {
     o.size = kSize;
     o.create = true;
     o.identity = identity;
-    for (auto& t : targets_) o.replicas.push_back({test_address(), t->port(), test_kind(), secret, ""});
+    for (auto& t : targets_)
+      o.replicas.push_back({test_address(), t->port(), test_transport(), secret, ""});
     return o;
   }
 
@@ -153,7 +152,7 @@ TEST_F(DataPathTest, ThousandsOfRandomPersistsReachBothReplicasByteForByte) {
   auto replicas = (*volume)->replicas();
   for (size_t i = 0; i < replicas.size(); ++i) {
     const auto& r = replicas[i];
-    EXPECT_EQ(r.state, initiator::ReplicaState::kConnected) << r.last_error;
+    EXPECT_EQ(r.state, ReplicaState::kConnected) << r.last_error;
     // tcp targets flush on read-after-write whatever the backing; over rdma
     // only pmem (the devdax target) may promise it.
     bool pmem_target = i == 0 && !test_dax().empty();
@@ -350,7 +349,7 @@ TEST_F(DataPathTest, NoDaemonListeningIsAClearError) {
   o.size = kSize;
   o.create = true;
   o.identity = "app";
-  o.replicas.push_back({test_address(), testing::free_port(), test_kind(), kSecret, ""});
+  o.replicas.push_back({test_address(), testing::free_port(), test_transport(), kSecret, ""});
   auto v = Volume::open(o);
   ASSERT_FALSE(v.ok());
   EXPECT_EQ(v.status().code(), Errc::kConnectionError) << v.status().to_string();

@@ -11,17 +11,16 @@
 #include <future>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <pmirror/pmirror.hpp>
 #include <string>
 #include <vector>
 
-#include "initiator/initiator.h"
 #include "support/cluster.h"
 
 namespace pmirror {
 namespace {
 
 using namespace std::chrono_literals;
-using initiator::Volume;
 using nlohmann::json;
 using testing::ClusterVolumeSpec;
 using testing::ShmDir;

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -80,8 +81,9 @@ bool DaemonProcess::start() {
     out << "daemon:\n"
         << "  control_socket: " << dir_ << "/pmirrord.sock\n"
         << "  state_pool: " << dir_ << "/pmirrord.state\n"
-        << "  log_level: debug\n"
-        << "nodes:\n"
+        << "  log_level: debug\n";
+    for (const auto& setting : daemon_settings) out << "  " << setting << "\n";
+    out << "nodes:\n"
         << "  - {name: app, address: 127.0.0.1, port: " << app_port << ", state_pool: " << dir_
         << "/app.state, control_socket: " << dir_ << "/app.sock}\n"
         << "  - name: " << node_ << "\n"
@@ -121,6 +123,10 @@ bool DaemonProcess::start() {
     for (const auto& [name, value] : env) {
       std::string v = value == "{pid}" ? std::to_string(::getpid()) : value;
       ::setenv(name.c_str(), v.c_str(), 1);
+    }
+    if (nofile_limit > 0) {
+      rlimit limit{nofile_limit, nofile_limit};
+      if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) ::_exit(126);
     }
     std::string binary = daemon_binary();
     ::execl(binary.c_str(), binary.c_str(), "--config", config_path_.c_str(), "--node",

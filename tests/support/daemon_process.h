@@ -62,6 +62,11 @@ class DaemonProcess {
   // NOTIFY_SOCKET). The value "{pid}" becomes the daemon's own pid (for
   // WATCHDOG_PID, which must name the daemon).
   std::vector<std::pair<std::string, std::string>> env;
+  // More settings of the config's `daemon:` section, one "key: value" each
+  // (e.g. "max_unauthenticated: 500", "metrics: 127.0.0.1:9942").
+  std::vector<std::string> daemon_settings;
+  // RLIMIT_NOFILE for the daemon (set in the child before exec); 0: inherited.
+  uint64_t nofile_limit = 0;
   const std::string& config_path() const { return config_path_; }
   std::string log() const;  // everything it wrote to stdout/stderr
 

@@ -37,10 +37,10 @@
 #include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <pmirror/pmirror.hpp>
 #include <thread>
 
 #include "config/config.h"
-#include "initiator/initiator.h"
 #include "region/region.h"
 #include "support/records.h"
 
@@ -79,10 +79,10 @@ int run_write(const WriteArgs& a) {
   std::signal(SIGTERM, on_stop);
   std::signal(SIGINT, on_stop);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(a.open_timeout);
-  pmirror::Result<std::unique_ptr<pmirror::initiator::Volume>> opened =
+  pmirror::Result<std::unique_ptr<pmirror::Volume>> opened =
       pmirror::Status(pmirror::Errc::kInternal, "not opened");
   while (true) {
-    opened = pmirror::initiator::Volume::open_from_config(a.config, a.volume, a.identity, a.node);
+    opened = pmirror::Volume::open_from_config(a.config, a.volume, a.identity, a.node);
     if (opened.ok() || g_stop || std::chrono::steady_clock::now() >= deadline) break;
     std::fprintf(stderr, "open failed (retrying): %s\n", opened.status().to_string().c_str());
     std::this_thread::sleep_for(500ms);

@@ -1,0 +1,255 @@
+// What pmirrord does with its configuration, as a real process: a refused
+// start leaves no state pool behind; a file shared by two uses refuses the
+// start and the reload; a reload that changes allowed_peers ends only the
+// session whose identity lost access. And libpmirror refuses names the
+// protocol cannot carry before it connects.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <thread>
+
+#include "initiator/initiator.h"
+#include "support/daemon_process.h"
+
+namespace pmirror {
+namespace {
+
+using namespace std::chrono_literals;
+using initiator::Volume;
+using initiator::VolumeOptions;
+using testing::DaemonProcess;
+using testing::TempDir;
+using testing::VolumeSpec;
+
+constexpr uint64_t kSize = 1ull << 20;
+constexpr const char* kSecret = "correct horse battery staple";  // VolumeSpec's default
+
+// Polls until pred() holds (true) or the deadline passes (false); the
+// deadline only guards against a hang.
+bool eventually(const std::function<bool()>& pred, std::chrono::seconds limit = 20s) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return pred();
+}
+
+size_t count(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::trunc) << text;
+}
+
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from << " not in:\n" << text;
+  if (at != std::string::npos) text.replace(at, from.size(), to);
+  return text;
+}
+
+class ConfigDaemonTest : public ::testing::Test {
+ protected:
+  std::string dir() const { return tmp_.path().string(); }
+  std::string pool() const { return tmp_.file("pmirrord.state"); }
+
+  // The writer: identity `identity`, the one replica of volume "v".
+  Result<std::unique_ptr<Volume>> open_writer(const DaemonProcess& daemon,
+                                              const std::string& identity = "app") {
+    VolumeOptions options;
+    options.name = "v";
+    options.local_path = tmp_.file("local.img");
+    options.size = kSize;
+    options.create = true;
+    options.identity = identity;
+    options.reconnect_initial = 100ms;
+    options.reconnect_max = 400ms;
+    options.replicas.push_back({"127.0.0.1", daemon.port(), "tcp", kSecret, ""});
+    return Volume::open(options);
+  }
+
+  // Rewrites the daemon's config with `edit`, sends SIGHUP and waits for the
+  // reload's outcome in the log ("configuration reloaded" or "reload
+  // rejected"); returns the log written since.
+  std::string reload(DaemonProcess& daemon, const std::function<std::string(std::string)>& edit) {
+    write_text(daemon.config_path(), edit(read_text(daemon.config_path())));
+    size_t from = daemon.log().size();
+    ::kill(daemon.pid(), SIGHUP);
+    std::string since;
+    EXPECT_TRUE(eventually([&] {
+      since = daemon.log().substr(from);
+      return since.find("configuration reloaded") != std::string::npos ||
+             since.find("reload rejected") != std::string::npos;
+    })) << daemon.log();
+    return since;
+  }
+
+  TempDir tmp_;
+};
+
+TEST_F(ConfigDaemonTest, ARefusedStartLeavesNoStatePoolItCreated) {
+  // The volume's folder does not exist: the start is refused after the
+  // state pool was created.
+  DaemonProcess refused(dir(), {VolumeSpec{"v", tmp_.file("missing/v.img"), kSize}});
+  ASSERT_FALSE(refused.start()) << refused.log();
+  EXPECT_NE(refused.log().find("volume 'v'"), std::string::npos) << refused.log();
+  EXPECT_FALSE(std::filesystem::exists(pool())) << "the refused start left " << pool();
+
+  // A pool that was there before a refused start stays.
+  DaemonProcess good(dir(), {VolumeSpec{"v", tmp_.file("v.img"), kSize}});
+  ASSERT_TRUE(good.start()) << good.log();
+  EXPECT_EQ(good.terminate(), 0) << good.log();
+  ASSERT_TRUE(std::filesystem::exists(pool()));
+  const auto size = std::filesystem::file_size(pool());
+  ASSERT_FALSE(refused.start()) << refused.log();
+  ASSERT_TRUE(std::filesystem::exists(pool())) << "a refused start removed an existing pool";
+  EXPECT_EQ(std::filesystem::file_size(pool()), size);
+}
+
+TEST_F(ConfigDaemonTest, AVolumeOnTheStatePoolIsRefusedAtStart) {
+  // Before: the pool was mapped as a volume too, and pmirrord aborted.
+  DaemonProcess daemon(dir(), {VolumeSpec{"v", pool(), kSize}});
+  ASSERT_FALSE(daemon.start()) << daemon.log();
+  const std::string log = daemon.log();
+  EXPECT_NE(log.find("volumes[0].paths.target: the copy of volume 'v' on node 'target', " + pool() +
+                     ", and the state pool of node 'target', " + pool()),
+            std::string::npos)
+      << log;
+  EXPECT_FALSE(std::filesystem::exists(pool()));
+}
+
+TEST_F(ConfigDaemonTest, AReloadAddingAVolumeLinkedToAnotherIsRefused) {
+  const std::string v = tmp_.file("v.img");
+  DaemonProcess daemon(dir(), {VolumeSpec{"v", v, kSize}});
+  ASSERT_TRUE(daemon.start()) << daemon.log();
+  auto writer = open_writer(daemon);
+  ASSERT_TRUE(writer.ok()) << writer.status().to_string();
+  ASSERT_TRUE((*writer)->write(0, "before", 6).ok());
+
+  const std::string w = tmp_.file("w.img");
+  ASSERT_EQ(::symlink(v.c_str(), w.c_str()), 0);
+  std::string since = reload(daemon, [&](std::string text) {
+    return text + "  - name: w\n    size: " + std::to_string(kSize) +
+           "\n    primary: app\n    replicas: [target]\n    paths: {app: " +
+           tmp_.file("app-w.img") + ", target: " + w +
+           "}\n    allowed_peers: [app]\n    secret: \"" + kSecret + "\"\n";
+  });
+  EXPECT_NE(since.find("reload rejected"), std::string::npos) << since;
+  EXPECT_NE(since.find("the copy of volume 'w' on node 'target', " + w +
+                       ", and the copy of volume 'v' on node 'target', " + v),
+            std::string::npos)
+      << since;
+  // The running configuration stays: v is still served.
+  EXPECT_TRUE((*writer)->write(100, "after", 5).ok());
+  writer->reset();
+  EXPECT_TRUE(testing::read_file(v) == testing::read_file(tmp_.file("local.img")));
+}
+
+TEST_F(ConfigDaemonTest, AReloadAddingAnIdentityKeepsTheWritersSession) {
+  const std::string v = tmp_.file("v.img");
+  DaemonProcess daemon(dir(), {VolumeSpec{"v", v, kSize}});
+  ASSERT_TRUE(daemon.start()) << daemon.log();
+  auto writer = open_writer(daemon);
+  ASSERT_TRUE(writer.ok()) << writer.status().to_string();
+  for (int i = 0; i < 100; ++i) {
+    std::string record = "record " + std::to_string(i);
+    ASSERT_TRUE((*writer)->write(i * 512, record.data(), record.size()).ok());
+  }
+
+  std::string since = reload(daemon, [](std::string text) {
+    return replaced(text, "allowed_peers: [app]", "allowed_peers: [app, app2]");
+  });
+  EXPECT_NE(since.find("configuration reloaded"), std::string::npos) << since;
+  EXPECT_NE(since.find("volume v: allowed_peers now app, app2"), std::string::npos) << since;
+
+  // The writer goes on in the same session.
+  for (int i = 100; i < 200; ++i) {
+    std::string record = "record " + std::to_string(i);
+    ASSERT_TRUE((*writer)->write(i * 512, record.data(), record.size()).ok()) << daemon.log();
+  }
+  const std::string log = daemon.log();
+  EXPECT_EQ(count(log, "volume v: session open"), 1u) << log;
+  EXPECT_EQ(count(log, "session closed"), 0u) << log;
+  writer->reset();
+  EXPECT_TRUE(testing::read_file(v) == testing::read_file(tmp_.file("local.img")))
+      << "every record must be on the replica";
+
+  // The new identity may open the volume at once.
+  auto second = open_writer(daemon, "app2");
+  ASSERT_TRUE(second.ok()) << second.status().to_string() << daemon.log();
+  EXPECT_TRUE((*second)->write(0, "app2", 4).ok());
+}
+
+TEST_F(ConfigDaemonTest, AReloadRemovingTheWritersIdentityEndsItsSession) {
+  DaemonProcess daemon(dir(), {VolumeSpec{"v", tmp_.file("v.img"), kSize}});
+  ASSERT_TRUE(daemon.start()) << daemon.log();
+  auto writer = open_writer(daemon);
+  ASSERT_TRUE(writer.ok()) << writer.status().to_string();
+  ASSERT_TRUE((*writer)->write(0, "before", 6).ok());
+
+  reload(daemon, [](std::string text) {
+    return replaced(text, "allowed_peers: [app]", "allowed_peers: [app2]");
+  });
+  const std::string reason = "access of 'app' to volume 'v' was removed by a configuration reload";
+  ASSERT_TRUE(eventually([&] {
+    return daemon.log().find("session closed at sequence") != std::string::npos;
+  })) << daemon.log();
+  const std::string log = daemon.log();
+  const size_t closed = log.find("session closed at sequence");
+  ASSERT_NE(closed, std::string::npos) << log;
+  const std::string line = log.substr(closed, log.find('\n', closed) - closed);
+  EXPECT_NE(line.find(": " + reason), std::string::npos) << log;
+  EXPECT_EQ(log.find("volume removed"), std::string::npos) << log;
+  // Its one replica gone (and refusing it now), the writer's persists fail.
+  EXPECT_TRUE(eventually([&] { return !(*writer)->write(0, "after", 5).ok(); }, 60s));
+}
+
+TEST(VolumeOpenTest, RefusesNamesTheProtocolCannotCarry) {
+  TempDir tmp;
+  VolumeOptions options;
+  options.name = "v";
+  options.local_path = tmp.file("local.img");
+  options.size = kSize;
+  options.create = true;
+  options.identity = std::string(80, 'i');
+  options.replicas.push_back(
+      {"127.0.0.1", testing::free_port(), "tcp", kSecret, ""});
+  auto opened = Volume::open(options);
+  ASSERT_FALSE(opened.ok());
+  EXPECT_EQ(opened.status().code(), Errc::kInvalidArgument);
+  EXPECT_NE(opened.status().message().find("identity is 80 bytes; the protocol carries 1..64"),
+            std::string::npos)
+      << opened.status().to_string();
+  options.identity = "app\n";
+  EXPECT_EQ(Volume::open(options).status().code(), Errc::kInvalidArgument);
+
+  options.identity = "app";
+  options.name = std::string(65, 'v');
+  opened = Volume::open(options);
+  ASSERT_FALSE(opened.ok());
+  EXPECT_EQ(opened.status().code(), Errc::kInvalidArgument);
+  EXPECT_NE(opened.status().message().find("volume name is 65 bytes, the limit is 64"),
+            std::string::npos)
+      << opened.status().to_string();
+  EXPECT_FALSE(std::filesystem::exists(options.local_path)) << "refused before anything is made";
+}
+
+}  // namespace
+}  // namespace pmirror
