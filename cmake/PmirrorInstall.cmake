@@ -1,29 +1,58 @@
 # Install layout (Debian; configure with -DCMAKE_INSTALL_PREFIX=/usr for a
-# package): binaries in sbin/ (daemon/CMakeLists.txt), libpmirror in
-# lib/<multiarch>/ and its header in include/pmirror/ (lib/initiator), and
-# here the systemd unit, the tmpfiles.d entry, the documentation and the
-# example configuration.
+# package, as debian/rules does): binaries in sbin/ (daemon/CMakeLists.txt),
+# libpmirror in lib/<multiarch>/ (lib/initiator), and here its public
+# headers (the source's include/pmirror/, as include/pmirror/), libpmirror.pc
+# and the CMake package (pmirror::pmirror), the systemd unit, the tmpfiles.d
+# entry, the man pages (man/), the bash completion (completion/), the
+# documentation and the example configuration. docs/packaging.md lists it.
+include(CMakePackageConfigHelpers)
 set(PMIRROR_SYSTEMD_UNIT_DIR "lib/systemd/system" CACHE STRING
     "where the systemd unit goes, relative to the prefix")
 set(PMIRROR_TMPFILES_DIR "lib/tmpfiles.d" CACHE STRING
     "where the tmpfiles.d entry goes, relative to the prefix")
+set(PMIRROR_CMAKE_PACKAGE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/pmirror" CACHE STRING
+    "where pmirrorConfig.cmake goes, relative to the prefix")
 
-# The unit names the installed pmirrord and docs: /usr/sbin/pmirrord and
-# /usr/share/doc/pmirror under the /usr prefix, as in the source file.
-file(READ ${PROJECT_SOURCE_DIR}/systemd/pmirrord.service pmirror_unit)
-string(REPLACE "/usr/sbin/pmirrord" "${CMAKE_INSTALL_FULL_SBINDIR}/pmirrord" pmirror_unit
-               "${pmirror_unit}")
-string(REPLACE "/usr/share/doc/pmirror" "${CMAKE_INSTALL_FULL_DOCDIR}" pmirror_unit
-               "${pmirror_unit}")
-file(WRITE ${PROJECT_BINARY_DIR}/systemd/pmirrord.service.new "${pmirror_unit}")
-configure_file(${PROJECT_BINARY_DIR}/systemd/pmirrord.service.new
-               ${PROJECT_BINARY_DIR}/systemd/pmirrord.service COPYONLY)
-set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
-             ${PROJECT_SOURCE_DIR}/systemd/pmirrord.service)
+# libpmirror's API, C and C++: every header there and nothing else
+# (tests/external builds programs against the installed tree alone).
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/pmirror DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+        FILES_MATCHING PATTERN "*.h" PATTERN "*.hpp")
 
-install(FILES ${PROJECT_BINARY_DIR}/systemd/pmirrord.service
-        DESTINATION ${PMIRROR_SYSTEMD_UNIT_DIR})
+# find_package(pmirror) -> pmirror::pmirror. The targets file finds its
+# prefix from where it lies, so it is right under any --prefix or DESTDIR.
+install(EXPORT pmirrorTargets NAMESPACE pmirror:: DESTINATION ${PMIRROR_CMAKE_PACKAGE_DIR})
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/pmirrorConfig.cmake.in
+                              ${PROJECT_BINARY_DIR}/cmake/pmirrorConfig.cmake
+                              INSTALL_DESTINATION ${PMIRROR_CMAKE_PACKAGE_DIR})
+# The soname (libpmirror.so.0) changes with the major version only.
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/cmake/pmirrorConfigVersion.cmake
+                                 COMPATIBILITY SameMajorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/cmake/pmirrorConfig.cmake
+              ${PROJECT_BINARY_DIR}/cmake/pmirrorConfigVersion.cmake
+        DESTINATION ${PMIRROR_CMAKE_PACKAGE_DIR})
+
+# The unit (ExecStart=) and libpmirror.pc (prefix=) name installed paths.
+# They are written while installing, from the prefix of that install
+# (`cmake --install build --prefix /usr` after a configure for /usr/local
+# must give /usr/sbin/pmirrord), by cmake/PmirrorInstallTime.cmake.
+install(CODE "
+  set(PMIRROR_SOURCE_DIR [[${PROJECT_SOURCE_DIR}]])
+  set(PMIRROR_BINARY_DIR [[${PROJECT_BINARY_DIR}]])
+  set(PMIRROR_VERSION [[${PROJECT_VERSION}]])
+  set(PMIRROR_SBINDIR [[${CMAKE_INSTALL_SBINDIR}]])
+  set(PMIRROR_LIBDIR [[${CMAKE_INSTALL_LIBDIR}]])
+  set(PMIRROR_INCLUDEDIR [[${CMAKE_INSTALL_INCLUDEDIR}]])
+  set(PMIRROR_UNIT_DIR [[${PMIRROR_SYSTEMD_UNIT_DIR}]])
+  include([[${PROJECT_SOURCE_DIR}/cmake/PmirrorInstallTime.cmake]])
+")
 install(FILES ${PROJECT_SOURCE_DIR}/systemd/pmirror.conf DESTINATION ${PMIRROR_TMPFILES_DIR})
+
+# bash-completion loads completions/<command> on first use.
+install(FILES ${PROJECT_SOURCE_DIR}/completion/pmirrorctl.bash
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions RENAME pmirrorctl)
+
+# Man pages, generated from man/*.scd (scdoc).
+add_subdirectory(${PROJECT_SOURCE_DIR}/man ${PROJECT_BINARY_DIR}/man)
 
 # Read at install time, so documents added later need no reconfigure.
 install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
