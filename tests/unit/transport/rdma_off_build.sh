@@ -19,8 +19,11 @@ fail() {
   exit 1
 }
 
+# Unoptimised and without debug info: this build proves what it includes and
+# links, not how its code runs, and -O0 without -g compiles in about half
+# the time of the default -O2 -g.
 configure=(-S "$src" -B "$dir/build" -G Ninja -DPMIRROR_RDMA=OFF -DPMIRROR_BUILD_TESTS=OFF
-           -DCMAKE_BUILD_TYPE=RelWithDebInfo)
+           -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0 -DCMAKE_C_FLAGS_DEBUG=-O0)
 if [[ -n $launcher ]]; then
   configure+=(-DCMAKE_CXX_COMPILER_LAUNCHER="$launcher" -DCMAKE_C_COMPILER_LAUNCHER="$launcher")
 fi
