@@ -13,6 +13,10 @@ packages=(
   prometheus-cpp-dev
   systemd
   procps iproute2 python3
+  # scripts/fuzz.sh: clang with libFuzzer and the sanitizer runtimes
+  clang libclang-rt-dev
+  # man pages, and the Debian packages (scripts/package-test.sh)
+  scdoc debhelper dpkg-dev fakeroot lintian man-db bash-completion
 )
 
 if [[ ${EUID} -ne 0 ]]; then

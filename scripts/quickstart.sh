@@ -3,11 +3,13 @@
 # (pmirrord) serving a file-backed volume on this machine over tcp, runs an
 # initiator that mirrors 10,000 records to it, and shows that the replica
 # matches the local copy byte for byte. Run as root on Debian 12.
+#
+# PMIRROR_QUICKSTART_INSTALLED=1 runs it against the installed packages
+# instead (docs/packaging.md): /usr/sbin/pmirrord and /usr/sbin/pmirrorctl,
+# and the example initiator compiled against libpmirror-dev (pkg-config);
+# nothing is installed or built in the tree.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-"$repo/scripts/install-deps.sh"
-"$repo/scripts/build.sh"
-bin=${PMIRROR_BUILD_DIR:-$repo/build}
 
 work=$(mktemp -d /tmp/pmirror-quickstart.XXXXXX)
 daemon_pid=
@@ -16,6 +18,28 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+
+if [[ ${PMIRROR_QUICKSTART_INSTALLED:-0} == 1 ]]; then
+  pmirrord=/usr/sbin/pmirrord
+  pmirrorctl=/usr/sbin/pmirrorctl
+  for program in "$pmirrord" "$pmirrorctl"; do
+    [[ -x $program ]] || { echo "no $program: install the pmirrord package first" >&2; exit 1; }
+  done
+  pkg-config --exists libpmirror ||
+    { echo "pkg-config finds no libpmirror: install libpmirror-dev first" >&2; exit 1; }
+  echo "== building examples/01-mirror-writes against the installed libpmirror ($(pkg-config --modversion libpmirror))"
+  # shellcheck disable=SC2046  # pkg-config prints several words
+  c++ -std=c++17 -O2 "$repo/examples/01-mirror-writes/mirror_writes.cpp" -o "$work/pmirror-demo" \
+    $(pkg-config --cflags --libs libpmirror)
+  demo=$work/pmirror-demo
+else
+  "$repo/scripts/install-deps.sh"
+  "$repo/scripts/build.sh"
+  bin=${PMIRROR_BUILD_DIR:-$repo/build}
+  pmirrord=$bin/daemon/pmirrord
+  pmirrorctl=$bin/daemon/pmirrorctl
+  demo=$bin/examples/pmirror-demo
+fi
 
 port=${PMIRROR_PORT:-7450}
 head -c 32 /dev/urandom | base64 > "$work/demo.secret"
@@ -51,10 +75,10 @@ volumes:
     secret_file: $work/demo.secret
 YAML
 
-echo "== starting pmirrord (config $work/cluster.yaml, node demo-replica)"
-"$bin/daemon/pmirrord" --config "$work/cluster.yaml" --node demo-replica --foreground &
+echo "== starting $pmirrord (config $work/cluster.yaml, node demo-replica)"
+"$pmirrord" --config "$work/cluster.yaml" --node demo-replica --foreground &
 daemon_pid=$!
-ctl=("$bin/daemon/pmirrorctl" --socket "$work/pmirrord.sock" --runtime-dir "$work")
+ctl=("$pmirrorctl" --socket "$work/pmirrord.sock" --runtime-dir "$work")
 for _ in $(seq 100); do
   "${ctl[@]}" status >/dev/null 2>&1 && break
   kill -0 "$daemon_pid" 2>/dev/null || { echo "pmirrord exited; see above" >&2; exit 1; }
@@ -62,7 +86,7 @@ for _ in $(seq 100); do
 done
 
 echo "== mirroring 10000 records of 256 bytes (pmirror-demo, node demo-app)"
-"$bin/examples/pmirror-demo" --config "$work/cluster.yaml" --node demo-app --volume demo \
+"$demo" --config "$work/cluster.yaml" --node demo-app --volume demo \
   --identity demo --count 10000 --record-size 256
 
 echo "== what the replica's pmirrord says (pmirrorctl status)"

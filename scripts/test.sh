@@ -1,28 +1,97 @@
 #!/usr/bin/env bash
 # Installs what pmirror needs, builds it, and runs every test: unit and
-# integration tests (ctest), the same under ASan+UBSan, the quick start, and
-# the rdma tests in the QEMU lab (scripts/lab/test.sh).
-# Run as root on Debian 12. `.ci/run` calls this.
+# integration tests (ctest), the same under ASan+UBSan and under
+# ThreadSanitizer, the fuzz harnesses for a bounded time (scripts/fuzz.sh),
+# the quick start, the Debian packages (scripts/package-test.sh), and the
+# rdma tests in the QEMU lab (scripts/lab/test.sh).
+# Run as root on Debian 12. `.ci/run` calls this. docs/testing.md.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# Each stage's wall time, printed at the end (also when a stage fails):
+# docs/testing.md keeps the budget (the whole run under 60 min on 2 cores).
+stage_names=() stage_seconds=() stage_started=$SECONDS current_stage=""
+stage() {
+  if [[ -n $current_stage ]]; then
+    stage_names+=("$current_stage")
+    stage_seconds+=($((SECONDS - stage_started)))
+  fi
+  current_stage=$1 stage_started=$SECONDS
+  [[ -n $1 ]] && echo "== $1"
+  return 0
+}
+print_stage_times() {
+  local status=$?
+  stage ""
+  echo "== time per stage (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
+  for i in "${!stage_names[@]}"; do
+    printf '%6d s  %s\n' "${stage_seconds[$i]}" "${stage_names[$i]}"
+  done
+  printf '%6d s  total\n' "$SECONDS"
+  return $status
+}
+trap print_stage_times EXIT
+
+stage "install dependencies"
 "$repo/scripts/install-deps.sh"
 
-echo "== build"
+stage "build"
 "$repo/scripts/build.sh"
-echo "== tests"
+stage "tests"
 (cd "$repo/build" && ctest --output-on-failure --timeout 600 -j 2)
 
 if [[ ${PMIRROR_SKIP_ASAN:-0} != 1 ]]; then
-  echo "== build with ASan+UBSan"
+  stage "build with ASan+UBSan"
   "$repo/scripts/build.sh" --asan
-  echo "== tests under ASan+UBSan"
+  stage "tests under ASan+UBSan"
   (cd "$repo/build-asan" && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --timeout 900 -j 2)
 fi
 
-echo "== quick start"
+if [[ ${PMIRROR_SKIP_TSAN:-0} != 1 ]]; then
+  stage "build with ThreadSanitizer"
+  "$repo/scripts/build.sh" --tsan
+  stage "tests under ThreadSanitizer"
+  # Every process the tests start (pmirrord, pmirrorctl, tools) inherits
+  # TSAN_OPTIONS and writes its reports next to the others: a race in a
+  # daemon fails the pass even when the test that ran it passed.
+  reports=$repo/build-tsan/tsan-reports
+  rm -rf "$reports" && mkdir -p "$reports"
+  tsan_status=0
+  (cd "$repo/build-tsan" &&
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 log_path=$reports/tsan suppressions=$repo/tests/sanitizers/tsan.supp" \
+      ctest --output-on-failure --timeout 900 -j 2) || tsan_status=$?
+  if compgen -G "$reports/tsan.*" >/dev/null; then
+    echo "ThreadSanitizer reported (tests/sanitizers/tsan.supp lists what is suppressed and why):"
+    cat "$reports"/tsan.*
+    tsan_status=1
+  fi
+  ((tsan_status == 0)) || exit "$tsan_status"
+fi
+
+# Fuzzing and the Debian packages do not fit CI's 60 minutes on 2 cores
+# beside three builds and the lab (docs/testing.md): they run with
+# PMIRROR_EXTENDED=1 (scripts/test-extended.sh), before an issue that
+# touches them is resolved. Every ctest run still replays the fuzz corpora.
+extended=${PMIRROR_EXTENDED:-0}
+
+if [[ $extended == 1 && ${PMIRROR_SKIP_FUZZ:-0} != 1 ]]; then
+  stage "fuzzing: each harness for ${PMIRROR_FUZZ_SECONDS:-60} s"
+  "$repo/scripts/fuzz.sh"
+fi
+
+stage "quick start"
 PMIRROR_PORT=${PMIRROR_PORT:-17450} "$repo/scripts/quickstart.sh"
 
+# ---- Debian packages (scripts/package-test.sh): build, lintian, dpkg -i,
+# the installed unit, man pages, quick start and external programs against
+# the packages, then purge. PMIRROR_SKIP_PACKAGE=1 skips it.
+if [[ $extended == 1 && ${PMIRROR_SKIP_PACKAGE:-0} != 1 ]]; then
+  stage "Debian packages"
+  "$repo/scripts/package-test.sh"
+fi
+# ---- end of the Debian packages
+
 if [[ ${PMIRROR_SKIP_LAB:-0} != 1 ]]; then
-  echo "== rdma tests in the QEMU lab (Soft-RoCE + NVDIMMs)"
+  stage "rdma tests in the QEMU lab (Soft-RoCE + NVDIMMs)"
   "$repo/scripts/lab/test.sh"
 fi
