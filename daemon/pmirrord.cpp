@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/fault.h"
+#include "common/rfc3339.h"
 #include "config/config.h"
 #include "control/control.h"
 #include "defaults.h"
@@ -122,7 +123,7 @@ int main(int argc, char** argv) {
                  pmirror::supervisor::state_name(c.from), pmirror::supervisor::state_name(c.to),
                  c.reason.empty() ? "" : ": ", c.reason);
     if (auto* server = control_server.load()) {
-      server->publish({{"time", pmirror::supervisor::format_time(c.time)},
+      server->publish({{"time", pmirror::format_rfc3339(c.time)},
                        {"process", "pmirrord"},
                        {"node", config.node},
                        {"volume", c.volume},
@@ -141,9 +142,7 @@ int main(int argc, char** argv) {
       config.control_socket,
       [&target](const nlohmann::json& request) -> pmirror::Result<nlohmann::json> {
         const std::string command = request.value("command", "");
-        if (command == "status") {
-          return nlohmann::json::parse((*target)->status_json());
-        }
+        if (command == "status") return pmirror::target::to_json((*target)->status());
         if (command == "promote" || command == "demote") {
           auto volume = request.find("volume");
           if (volume == request.end() || !volume->is_string() ||
@@ -151,14 +150,20 @@ int main(int argc, char** argv) {
             return pmirror::Status(pmirror::Errc::kInvalidArgument,
                                    command + " needs \"volume\": the volume's name");
           }
-          if (command == "demote") return (*target)->demote(volume->get<std::string>());
+          if (command == "demote") {
+            auto demoted = (*target)->demote(volume->get<std::string>());
+            if (!demoted.ok()) return demoted.status();
+            return pmirror::target::to_json(*demoted);
+          }
           auto force = request.find("force");
           if (force != request.end() && !force->is_boolean()) {
             return pmirror::Status(pmirror::Errc::kInvalidArgument,
                                    "promote: \"force\" must be true or false");
           }
           bool forced = force != request.end() && force->get<bool>();
-          return (*target)->promote(volume->get<std::string>(), forced);
+          auto promoted = (*target)->promote(volume->get<std::string>(), forced);
+          if (!promoted.ok()) return promoted.status();
+          return pmirror::target::to_json(*promoted);
         }
         return pmirror::control::unknown_command(request);
       });
@@ -172,7 +177,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<pmirror::metrics::Exporter> exporter;
   if (config.metrics) {
     auto started = pmirror::metrics::Exporter::start(config.metrics->to_string(), [&target] {
-      return nlohmann::json::parse((*target)->status_json());
+      return pmirror::target::to_json((*target)->status());
     });
     if (!started.ok()) {
       spdlog::critical("{}", started.status().message());
@@ -184,8 +189,9 @@ int main(int argc, char** argv) {
   // systemd (Type=notify): ready once the volumes are mapped and every
   // socket listens; a one-line STATUS=; watchdog pings while alive.
   auto service_status = [&] {
-    return "node " + config.node + ": serving " + std::to_string((*target)->status().size()) +
-           " volume(s) on port " + std::to_string((*target)->port()) +
+    return "node " + config.node + ": serving " +
+           std::to_string((*target)->status().volumes.size()) + " volume(s) on port " +
+           std::to_string((*target)->port()) +
            (exporter ? ", metrics on " + exporter->address() : "");
   };
   pmirror::systemd::notify_ready(service_status());

@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "common/unique_fd.h"
+
 namespace pmirror::auth {
 
 namespace {
@@ -35,21 +37,6 @@ void append_field(std::string& out, std::string_view field) {
 std::string_view as_chars(const Nonce& nonce) {
   return {reinterpret_cast<const char*>(nonce.data()), nonce.size()};
 }
-
-// Closes the descriptor on every path out of read_secret_file.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 }  // namespace
 
@@ -110,7 +97,7 @@ bool macs_equal(const Mac& a, const Mac& b) {
 Result<std::string> read_secret_file(const std::string& path) {
   // O_NONBLOCK: opening a FIFO placed at the path must not hang the daemon;
   // it is rejected below as not a regular file.
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK));
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK));
   if (fd.get() < 0) {
     int err = errno;
     Errc code = err == ENOENT                     ? Errc::kNotFound

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "common/unique_fd.h"
 #include "config/config_internal.h"
 
 namespace pmirror::config {
@@ -40,10 +41,7 @@ Result<std::string> read_secret_file(const std::string& path) {
     return Status(status.code(), status.message() + "; create it with `umask 077; openssl rand " +
                                      "-base64 32 > " + path + "`");
   }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  UniqueFd closer(fd);
   struct stat st {};
   if (::fstat(fd, &st) != 0) return errno_status(Errc::kIoError, "cannot stat " + path, errno);
   if (!S_ISREG(st.st_mode)) {
@@ -96,10 +94,7 @@ Result<std::string> read_config_file(const std::string& path) {
   if (fd < 0) {
     return errno_status(Errc::kConfigError, "cannot open configuration file " + path, errno);
   }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  UniqueFd closer(fd);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     return errno_status(Errc::kConfigError, "cannot stat configuration file " + path, errno);

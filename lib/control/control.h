@@ -213,9 +213,5 @@ uint64_t verify_failures(const nlohmann::json& result);
 std::string format_promote_human(const nlohmann::json& result);
 // Microseconds: 55.2 -> "55us", 1234 -> "1.2ms", 2500000 -> "2.5s".
 std::string format_latency_us(double microseconds);
-// "2026-11-29T16:01:02Z" (fraction optional) -> time point.
-std::optional<std::chrono::system_clock::time_point> parse_time(std::string_view iso8601);
-// A time point as "2026-11-29T16:01:02Z" (what servers put in "since"/"time").
-std::string format_time(std::chrono::system_clock::time_point time);
 
 }  // namespace pmirror::control

@@ -7,6 +7,7 @@
 #include <limits>
 #include <set>
 
+#include "common/rfc3339.h"
 #include "control/control.h"
 
 namespace pmirror::control {
@@ -143,7 +144,7 @@ std::string peer_line(const json& peer, const HumanFormat& format) {
   std::string state = str(peer, "state");
   std::string line = "  " + name;
   append_field(line, "connection", state.empty() ? "unknown" : state);
-  if (auto since = parse_time(str(peer, "since"))) {
+  if (auto since = parse_rfc3339(str(peer, "since"))) {
     line += " since " + clock_time(*since, format);
     std::string how_long = ago(*since, format.now);
     if (!how_long.empty()) line += " " + how_long;
@@ -390,7 +391,7 @@ std::string format_status_human(const nlohmann::json& merged,
 
 std::string format_event_human(const nlohmann::json& event, const HumanFormat& format) {
   // Events are live: the time of day is enough.
-  auto time = parse_time(str(event, "time"));
+  auto time = parse_rfc3339(str(event, "time"));
   std::string out = strftime_string(broken_down(time.value_or(format.now), format.utc), "%H:%M:%S");
   if (auto dropped = number(event, "dropped")) {
     return out + " (" + std::to_string(*dropped) + " event(s) dropped: pmirrorctl did not keep up)";
@@ -629,49 +630,6 @@ std::string format_latency_us(double microseconds) {
     std::snprintf(out, sizeof(out), "%.1fs", microseconds / 1e6);
   }
   return out;
-}
-
-std::optional<std::chrono::system_clock::time_point> parse_time(std::string_view iso8601) {
-  if (iso8601.size() < 20) return std::nullopt;
-  std::string text(iso8601);
-  std::tm tm{};
-  int consumed = 0;
-  if (std::sscanf(text.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
-                  &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &consumed) != 6 ||
-      consumed != 19) {
-    return std::nullopt;
-  }
-  std::string_view rest = std::string_view(text).substr(19);
-  std::chrono::microseconds fraction{0};
-  if (!rest.empty() && rest.front() == '.') {
-    rest.remove_prefix(1);
-    int64_t micros = 0;
-    int digits = 0;
-    while (!rest.empty() && rest.front() >= '0' && rest.front() <= '9') {
-      if (digits < 6) {
-        micros = micros * 10 + (rest.front() - '0');
-        ++digits;
-      }
-      rest.remove_prefix(1);
-    }
-    while (digits++ < 6) micros *= 10;
-    fraction = std::chrono::microseconds(micros);
-  }
-  if (rest != "Z" && rest != "+00:00") return std::nullopt;
-  tm.tm_year -= 1900;
-  tm.tm_mon -= 1;
-  std::time_t seconds = timegm(&tm);
-  if (seconds == static_cast<std::time_t>(-1)) return std::nullopt;
-  // A time the clock cannot hold (before 1677 or after 2262 with
-  // nanoseconds) would overflow in from_time_t: not a time a server sends.
-  using std::chrono::duration_cast;
-  constexpr auto kLimit = duration_cast<std::chrono::seconds>(Clock::duration::max()).count() - 1;
-  if (seconds < -kLimit || seconds > kLimit) return std::nullopt;
-  return Clock::from_time_t(seconds) + fraction;
-}
-
-std::string format_time(std::chrono::system_clock::time_point time) {
-  return strftime_string(broken_down(time, true), "%Y-%m-%dT%H:%M:%SZ");
 }
 
 }  // namespace pmirror::control

@@ -11,6 +11,7 @@
 #include <string>
 #include <type_traits>
 
+#include "common/version.h"
 #include "initiator/initiator.h"
 #include "metadata/metadata.h"
 
@@ -191,12 +192,7 @@ void pmirror_version(int* major, int* minor, int* patch) {
   if (patch != nullptr) *patch = PMIRROR_VERSION_PATCH;
 }
 
-#define PMIRROR_STRINGIFY_INNER(x) #x
-#define PMIRROR_STRINGIFY(x) PMIRROR_STRINGIFY_INNER(x)
-const char* pmirror_version_string(void) {
-  return PMIRROR_STRINGIFY(PMIRROR_VERSION_MAJOR) "." PMIRROR_STRINGIFY(
-      PMIRROR_VERSION_MINOR) "." PMIRROR_STRINGIFY(PMIRROR_VERSION_PATCH);
-}
+const char* pmirror_version_string(void) { return PMIRROR_VERSION_STRING; }
 
 // -------------------------------------------------------------------- cfg
 

@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <shared_mutex>
 
+#include "common/rfc3339.h"
+#include "common/version.h"
 #include "control/control.h"
 #include "initiator/sync_decision.h"
 
@@ -24,7 +26,7 @@ json to_json(const PeerStatus& s) {
   peer["address"] = s.address;
   peer["transport"] = s.transport;
   peer["state"] = supervisor::state_name(s.connection.state);
-  peer["since"] = supervisor::format_time(s.connection.since);
+  peer["since"] = format_rfc3339(s.connection.since);
   peer["reason"] = s.connection.reason;
   peer["method"] = s.method;
   peer["acknowledged_sequence"] = s.acknowledged_sequence;
@@ -77,7 +79,7 @@ json to_json(const VolumeStatus& s) {
   volume["ack_required"] = s.ack_required;
   volume["in_sync"] = s.in_sync;
   volume["identity"] = s.identity;
-  volume["opened_at"] = supervisor::format_time(s.opened_at);
+  volume["opened_at"] = format_rfc3339(s.opened_at);
   volume["peers"] = std::move(peers);
   return volume;
 }
@@ -225,7 +227,10 @@ class Registry {
     ::gethostname(host, sizeof host - 1);
     return {{"schema_version", control::kSchemaVersion},
             {"process",
-             {{"kind", "initiator"}, {"pid", ::getpid()}, {"node", host}, {"version", "0.1.0"}}},
+             {{"kind", "initiator"},
+              {"pid", ::getpid()},
+              {"node", host},
+              {"version", PMIRROR_VERSION_STRING}}},
             {"volumes", std::move(volumes)}};
   }
 
@@ -268,7 +273,7 @@ std::string status_json(const VolumeStatus& status) {
 void publish_event(const supervisor::StateChange& change) {
   char host[256] = "";
   ::gethostname(host, sizeof host - 1);
-  Registry::instance().publish({{"time", supervisor::format_time(change.time)},
+  Registry::instance().publish({{"time", format_rfc3339(change.time)},
                                 {"process", "initiator"},
                                 {"node", host},
                                 {"pid", ::getpid()},

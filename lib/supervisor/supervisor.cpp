@@ -1,7 +1,6 @@
 #include "supervisor/supervisor.h"
 
 #include <algorithm>
-#include <ctime>
 
 namespace pmirror::supervisor {
 
@@ -18,15 +17,6 @@ std::string_view state_name(PeerState state) {
     case PeerState::kClosed: return "closed";
   }
   return "unknown";
-}
-
-std::string format_time(SystemTime time) {
-  std::time_t t = std::chrono::system_clock::to_time_t(time);
-  std::tm utc{};
-  gmtime_r(&t, &utc);
-  char buffer[32];
-  std::strftime(buffer, sizeof buffer, "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return buffer;
 }
 
 PeerStateMachine::PeerStateMachine(std::string volume, std::string peer, PeerState initial,

@@ -29,7 +29,6 @@ enum class PeerState {
 std::string_view state_name(PeerState state);
 
 using SystemTime = std::chrono::system_clock::time_point;
-std::string format_time(SystemTime time);  // RFC 3339, UTC, seconds
 
 struct StateChange {
   SystemTime time;

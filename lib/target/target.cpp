@@ -13,6 +13,7 @@
 #include <system_error>
 #include <thread>
 
+#include "common/rfc3339.h"
 #include "protocol/protocol.h"
 #include "target/target_internal.h"
 
@@ -174,7 +175,7 @@ class Target::Impl {
       std::lock_guard lock(served->metadata_mutex);
       auto md = open_copy_metadata(*served, config.node);
       if (md.ok()) {
-        served->copy_status = copy_json((*md)->info());
+        served->copy_status = CopyStatus{.info = (*md)->info()};
         served->copy_status_at = std::chrono::steady_clock::now();
       } else if (md.status().code() != Errc::kBusy) {
         return md.status();
@@ -219,23 +220,24 @@ class Target::Impl {
     }
   }
 
-  // status's "copy" object for a volume: from the open handle when a
-  // session (or a command) has the pool open, otherwise from the pool,
-  // read at most every kCopyStatusMaxAge.
-  nlohmann::json copy_status(ServedVolume& volume) const {
+  // status's view of a volume's copy: from the open handle when a session
+  // (or a command) has the pool open, otherwise from the pool, read at
+  // most every kCopyStatusMaxAge.
+  CopyStatus copy_status(ServedVolume& volume) const {
     std::lock_guard lock(volume.metadata_mutex);
-    if (volume.metadata) return copy_json(volume.metadata->info());
+    if (volume.metadata) return CopyStatus{.info = volume.metadata->info()};
     auto now = std::chrono::steady_clock::now();
-    if (!volume.copy_status.is_null() && now - volume.copy_status_at < kCopyStatusMaxAge) {
+    if (volume.copy_status_at != std::chrono::steady_clock::time_point{} &&
+        now - volume.copy_status_at < kCopyStatusMaxAge) {
       return volume.copy_status;
     }
     auto md = open_copy_metadata(volume, config.node, /*create=*/false);
     if (md.ok()) {
-      volume.copy_status = copy_json((*md)->info());
+      volume.copy_status = CopyStatus{.info = (*md)->info()};
     } else if (md.status().code() == Errc::kBusy) {
-      volume.copy_status = {{"in_use_by_local_primary", true}};
+      volume.copy_status = CopyStatus{.in_use_by_local_primary = true};
     } else {
-      volume.copy_status = {{"error", md.status().message()}};
+      volume.copy_status = CopyStatus{.error = md.status().message()};
     }
     volume.copy_status_at = now;
     return volume.copy_status;
@@ -476,7 +478,7 @@ Status Target::reload(const config::DaemonConfig& config) {
   return Status::Ok();
 }
 
-Result<nlohmann::json> Target::promote(const std::string& volume_name, bool force) {
+Result<PromoteResult> Target::promote(const std::string& volume_name, bool force) {
   Impl& impl = *impl_;
   const std::string& node = impl.config.node;
   auto volume = impl.find(volume_name);
@@ -492,17 +494,15 @@ Result<nlohmann::json> Target::promote(const std::string& volume_name, bool forc
   PMIRROR_ASSIGN_OR_RETURN(auto md, open_copy_metadata(*volume, node));
   metadata::CopyInfo info = md->info();
   const uint64_t previous = info.generations.current;
-  nlohmann::json result = {{"volume", volume_name}, {"node", node}};
+  PromoteResult result{.volume = volume_name, .node = node};
   auto remember = [&] {
-    volume->copy_status = copy_json(md->info());
+    volume->copy_status = CopyStatus{.info = md->info()};
     volume->copy_status_at = std::chrono::steady_clock::now();
   };
   if (info.promoted) {
-    result["generation"] = hex16(previous);
-    result["previous"] = hex16(info.generations.history[0]);
-    result["promoted"] = true;
-    result["forced"] = false;
-    result["already_promoted"] = true;
+    result.generation = previous;
+    result.previous = info.generations.history[0];
+    result.already_promoted = true;
     remember();
     return result;
   }
@@ -539,15 +539,13 @@ Result<nlohmann::json> Target::promote(const std::string& volume_name, bool forc
       "volume {}: promoted on node {}{}: generation {} (previous {}); sessions are refused until "
       "`pmirrorctl demote {}`",
       volume_name, node, force ? " (forced)" : "", hex16(generation), hex16(previous), volume_name);
-  result["generation"] = hex16(generation);
-  result["previous"] = hex16(previous);
-  result["promoted"] = true;
-  result["forced"] = force;
-  result["already_promoted"] = false;
+  result.generation = generation;
+  result.previous = previous;
+  result.forced = force;
   return result;
 }
 
-Result<nlohmann::json> Target::demote(const std::string& volume_name) {
+Result<DemoteResult> Target::demote(const std::string& volume_name) {
   Impl& impl = *impl_;
   const std::string& node = impl.config.node;
   auto volume = impl.find(volume_name);
@@ -569,116 +567,70 @@ Result<nlohmann::json> Target::demote(const std::string& volume_name) {
   bool was_promoted = (*md)->info().promoted;
   PMIRROR_RETURN_IF_ERROR((*md)->set_promoted(false));
   metadata::CopyInfo info = (*md)->info();
-  volume->copy_status = copy_json(info);
+  volume->copy_status = CopyStatus{.info = info};
   volume->copy_status_at = std::chrono::steady_clock::now();
   if (was_promoted) {
     spdlog::warn("volume {}: demoted on node {}: a replica again at generation {}", volume_name,
                  node, hex16(info.generations.current));
   }
-  return nlohmann::json{{"volume", volume_name},
-                        {"node", node},
-                        {"promoted", false},
-                        {"generation", hex16(info.generations.current)}};
+  return DemoteResult{.volume = volume_name, .node = node, .generation = info.generations.current};
 }
 
-std::vector<VolumeStatus> Target::status() const {
-  std::vector<VolumeStatus> out;
+TargetStatus Target::status() const {
+  TargetStatus out;
+  out.node = impl_->config.node;
+  out.pid = static_cast<int>(::getpid());
+  out.started_at = impl_->started_at;
+  const std::string transport(transport::kind_name(impl_->config.transport));
   for (auto& v : impl_->all_volumes()) {
     VolumeStatus s;
     s.name = v->config.name;
     s.path = v->config.path;
     s.size = v->region->size();
     s.is_pmem = v->region->is_pmem();
+    s.backing = region::backing_name(v->region->backing());
     s.methods = v->methods;
     s.failure = v->region->failure().message();
+    std::deque<std::shared_ptr<SessionRecord>> sessions;
     {
       std::lock_guard lock(v->mutex);
       s.writer = v->writer;
+      sessions = v->sessions;
     }
     auto recorded = impl_->state->get(v->config.name);
     if (recorded.ok()) {
       s.generation = recorded->generation;
       s.last_sequence = recorded->last_sequence;
     }
-    out.push_back(std::move(s));
-  }
-  return out;
-}
-
-std::string Target::status_json() const {
-  nlohmann::json volumes = nlohmann::json::array();
-  for (auto& v : impl_->all_volumes()) {
-    nlohmann::json volume;
-    volume["name"] = v->config.name;
-    volume["role"] = "replica";
-    volume["size"] = v->region->size();
-    volume["path"] = v->config.path;
-    volume["backing"] = region::backing_name(v->region->backing());
-    if (Status failure = v->region->failure(); !failure.ok()) {
-      volume["state"] = "failed";
-      volume["error"] = failure.message();
-    } else {
-      volume["state"] = "ok";
-    }
-    auto recorded = impl_->state->get(v->config.name);
-    volume["generation"] = recorded.ok() ? recorded->generation : 0;
-    volume["last_sequence"] = recorded.ok() ? recorded->last_sequence : 0;
-    volume["applied_sequence"] = v->applied_sequence.load();
-    nlohmann::json methods = nlohmann::json::array();
-    if ((v->methods & protocol::kMethodApm) != 0) methods.push_back("apm");
-    if ((v->methods & protocol::kMethodGpspm) != 0) methods.push_back("gpspm");
-    volume["methods"] = methods;
-    nlohmann::json peers = nlohmann::json::array();
-    std::deque<std::shared_ptr<SessionRecord>> sessions;
-    {
-      std::lock_guard lock(v->mutex);
-      sessions = v->sessions;
-    }
+    s.applied_sequence = v->applied_sequence.load();
     for (auto& record : sessions) {
       auto snapshot = record->state.snapshot();
-      nlohmann::json peer;
-      peer["name"] = record->peer;
-      peer["address"] = record->peer.substr(record->peer.find('@') + 1);
-      peer["transport"] = transport::kind_name(impl_->config.transport);
-      peer["state"] = supervisor::state_name(snapshot.state);
-      peer["since"] = supervisor::format_time(snapshot.since);
-      peer["reason"] = snapshot.reason;
-      peer["acknowledged_sequence"] = record->acknowledged.load();
-      peer["lag"] = 0;
-      peer["persists"] = record->persists.load();
-      peer["bytes"] = record->bytes.load();
-      peer["errors"] = record->errors.load();
-      peers.push_back(std::move(peer));
+      s.sessions.push_back(SessionStatus{.peer = record->peer,
+                                         .transport = transport,
+                                         .state = snapshot.state,
+                                         .since = snapshot.since,
+                                         .reason = snapshot.reason,
+                                         .acknowledged_sequence = record->acknowledged.load(),
+                                         .persists = record->persists.load(),
+                                         .bytes = record->bytes.load(),
+                                         .errors = record->errors.load()});
     }
-    volume["peers"] = std::move(peers);
-    volume["copy"] = impl_->copy_status(*v);
-    volumes.push_back(std::move(volume));
+    s.copy = impl_->copy_status(*v);
+    out.volumes.push_back(std::move(s));
   }
-  nlohmann::json status;
-  status["schema_version"] = 1;
-  status["process"] = {{"kind", "pmirrord"},
-                       {"pid", ::getpid()},
-                       {"node", impl_->config.node},
-                       {"started_at", supervisor::format_time(impl_->started_at)},
-                       {"version", "0.1.0"}};
-  status["volumes"] = std::move(volumes);
-  // Connections not yet authenticated: the transport's counts (hello
-  // stage, evictions) and ours (Hello/AuthResponse stage).
   const transport::AdmissionCounters listener = impl_->listener->admission();
   const AdmissionStats& ours = impl_->admission;
-  status["admission"] = {
-      {"unauthenticated", std::max(listener.unauthenticated, ours.unauthenticated.load())},
-      {"evicted", listener.evicted},
-      {"timed_out", listener.timed_out + ours.timed_out.load()},
-      {"dropped", listener.dropped},
-      {"refused", listener.failed + ours.refused.load()},
-      {"authentication_failures", ours.authentication_failures.load()},
-      {"max_unauthenticated", impl_->options.max_unauthenticated},
-      {"max_unauthenticated_per_source", impl_->options.max_unauthenticated_per_source},
-      {"handshake_timeout_ms", impl_->options.handshake_timeout.count()}};
-  // Replace, never throw: a string that is not UTF-8 must not take status
-  // (and the metrics built from it) down.
-  return status.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  out.admission = AdmissionStatus{
+      .unauthenticated = std::max(listener.unauthenticated, ours.unauthenticated.load()),
+      .evicted = listener.evicted,
+      .timed_out = listener.timed_out + ours.timed_out.load(),
+      .dropped = listener.dropped,
+      .refused = listener.failed + ours.refused.load(),
+      .authentication_failures = ours.authentication_failures.load(),
+      .max_unauthenticated = impl_->options.max_unauthenticated,
+      .max_unauthenticated_per_source = impl_->options.max_unauthenticated_per_source,
+      .handshake_timeout = impl_->options.handshake_timeout};
+  return out;
 }
 
 }  // namespace pmirror::target

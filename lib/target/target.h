@@ -14,11 +14,13 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
 #include "config/config.h"
+#include "metadata/metadata.h"
 #include "supervisor/supervisor.h"
 
 namespace pmirror::target {
@@ -45,19 +47,87 @@ struct TargetOptions {
   supervisor::EventSink on_event;
 };
 
+// What `status` shows about one initiator's session (kept a while after
+// it ends, so that an operator sees who was there and why they left).
+struct SessionStatus {
+  std::string peer{};       // identity@address
+  std::string transport{};  // the listener's: "tcp", "rdma"
+  supervisor::PeerState state = supervisor::PeerState::kHandshaking;
+  supervisor::SystemTime since{};
+  std::string reason{};  // why it is in that state
+  uint64_t acknowledged_sequence = 0;
+  uint64_t persists = 0;
+  uint64_t bytes = 0;
+  uint64_t errors = 0;
+};
+
+// This node's copy of a volume, from its metadata pool (lib/metadata).
+struct CopyStatus {
+  std::optional<metadata::CopyInfo> info{};  // absent when the pool could not be read
+  // A process on this node holds the copy open as primary (the pool is
+  // locked): nothing more can be read.
+  bool in_use_by_local_primary = false;
+  std::string error{};  // why the pool could not be read, otherwise
+};
+
 // What `status` shows about one volume.
 struct VolumeStatus {
-  std::string name;
-  std::string path;
+  std::string name{};
+  std::string path{};
   uint64_t size = 0;
   bool is_pmem = false;
+  std::string backing{};  // region::backing_name: "devdax", "fsdax", "file"
   uint32_t methods = 0;  // protocol::PersistMethod bits offered
-  std::string writer;    // identity@address of the connected writer, empty if none
+  std::string writer{};  // identity@address of the connected writer, empty if none
   uint64_t generation = 0;
-  uint64_t last_sequence = 0;  // last sequence recorded in the state pool
+  uint64_t last_sequence = 0;     // last sequence recorded in the state pool
+  uint64_t applied_sequence = 0;  // last sequence the writer's session applied
   // Empty, or why the volume failed (a write-back error, a fault on its
   // mapping): it then takes no writer until a reload or restart reopens it.
-  std::string failure;
+  std::string failure{};
+  std::vector<SessionStatus> sessions{};  // the newest first
+  CopyStatus copy{};
+};
+
+// Connections not yet authenticated (docs/architecture.md, "Admission"):
+// the transport's counts (its hello stage, evictions) and the target's
+// (Hello through AuthResponse).
+struct AdmissionStatus {
+  uint64_t unauthenticated = 0;
+  uint64_t evicted = 0;
+  uint64_t timed_out = 0;
+  uint64_t dropped = 0;
+  uint64_t refused = 0;
+  uint64_t authentication_failures = 0;
+  uint32_t max_unauthenticated = 0;
+  uint32_t max_unauthenticated_per_source = 0;
+  std::chrono::milliseconds handshake_timeout{0};
+};
+
+struct TargetStatus {
+  std::string node{};
+  int pid = 0;  // pmirrord's
+  supervisor::SystemTime started_at{};
+  std::vector<VolumeStatus> volumes{};
+  AdmissionStatus admission{};
+};
+
+// What `pmirrorctl promote` did. already_promoted: nothing changed, and
+// `previous` is the newest generation in the copy's history.
+struct PromoteResult {
+  std::string volume{};
+  std::string node{};
+  uint64_t generation = 0;
+  uint64_t previous = 0;
+  bool forced = false;
+  bool already_promoted = false;
+};
+
+// What `pmirrorctl demote` did: the copy is a replica at `generation`.
+struct DemoteResult {
+  std::string volume{};
+  std::string node{};
+  uint64_t generation = 0;
 };
 
 class Target {
@@ -79,9 +149,7 @@ class Target {
   void stop();
 
   uint16_t port() const;
-  std::vector<VolumeStatus> status() const;
-  // The status object of docs/control.md (volumes with role "replica").
-  std::string status_json() const;
+  TargetStatus status() const;
 
   // `pmirrorctl promote VOLUME [--force]` on this node: this node's copy
   // starts a new data generation and becomes the volume's primary (an
@@ -92,15 +160,12 @@ class Target {
   // connected -- without force; with force its session is ended, refused
   // with kClosed -- or the copy is open as primary by a local process);
   // kFailedPrecondition without force when the copy is inconsistent (an
-  // interrupted resync) or never received data. Returns
-  //   {"volume", "node", "generation": "<16 hex>", "previous": "<16 hex>",
-  //    "promoted": true, "forced": bool, "already_promoted": bool}
-  // (already promoted: nothing changes, "previous" is the newest history entry).
-  Result<nlohmann::json> promote(const std::string& volume, bool force);
+  // interrupted resync) or never received data. Promoting a promoted copy
+  // changes nothing (already_promoted).
+  Result<PromoteResult> promote(const std::string& volume, bool force);
   // `pmirrorctl demote VOLUME`: the copy is a replica again (sessions are
   // accepted). kBusy while a local process has the copy open as primary.
-  // Returns {"volume", "node", "promoted": false, "generation": "<16 hex>"}.
-  Result<nlohmann::json> demote(const std::string& volume);
+  Result<DemoteResult> demote(const std::string& volume);
 
   // Applies a new configuration without touching what did not change:
   // volumes only in the new one are mapped and served, volumes gone from it
@@ -117,5 +182,12 @@ class Target {
   explicit Target(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// The control edge (target_json.cpp): the objects of docs/control.md that
+// pmirrord answers `status`, `promote` and `demote` with, and that its
+// metrics are made from. Nothing else in the target speaks JSON.
+nlohmann::json to_json(const TargetStatus& status);
+nlohmann::json to_json(const PromoteResult& result);
+nlohmann::json to_json(const DemoteResult& result);
 
 }  // namespace pmirror::target

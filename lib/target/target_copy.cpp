@@ -120,17 +120,4 @@ std::string hex16(uint64_t value) {
   return buf;
 }
 
-nlohmann::json copy_json(const metadata::CopyInfo& info) {
-  nlohmann::json history = nlohmann::json::array();
-  for (uint64_t g : info.generations.history) {
-    if (g != 0) history.push_back(hex16(g));
-  }
-  return {{"uuid", metadata::uuid_to_string(info.uuid)},
-          {"generation", hex16(info.generations.current)},
-          {"history", std::move(history)},
-          {"consistent", info.consistent},
-          {"promoted", info.promoted},
-          {"clean", info.clean}};
-}
-
 }  // namespace pmirror::target

@@ -8,7 +8,6 @@
 #include <deque>
 #include <memory>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -88,9 +87,9 @@ struct ServedVolume {
   // two opens at once would see each other as "busy").
   std::mutex metadata_mutex;
   std::shared_ptr<metadata::CopyMetadata> metadata;  // guarded by metadata_mutex
-  // What status last read from the pool while nobody held it open; guarded
-  // by metadata_mutex.
-  nlohmann::json copy_status;
+  // What status last read from the pool while nobody held it open, and
+  // when (never: the epoch); guarded by metadata_mutex.
+  CopyStatus copy_status;
   std::chrono::steady_clock::time_point copy_status_at{};
 
   // Set when a reload removed the volume: its session ends, and the region
@@ -136,9 +135,7 @@ metadata::CopyMetadata::Options metadata_options(const ServedVolume& volume, boo
 Result<std::unique_ptr<metadata::CopyMetadata>> open_copy_metadata(const ServedVolume& volume,
                                                                    const std::string& node,
                                                                    bool create = true);
-// The "copy" object of status.
-nlohmann::json copy_json(const metadata::CopyInfo& info);
-// 16 lower-case hex digits.
+// 16 lower-case hex digits: how generations are shown.
 std::string hex16(uint64_t value);
 
 // Writes a volume's published progress to the state pool if it moved.

@@ -85,7 +85,7 @@ class SessionMetadata {
     if (!opened.ok()) {
       if (opened.status().code() == Errc::kBusy) {
         // Status shows it at once rather than at its next refresh.
-        volume_.copy_status = {{"in_use_by_local_primary", true}};
+        volume_.copy_status = CopyStatus{.in_use_by_local_primary = true};
         volume_.copy_status_at = std::chrono::steady_clock::now();
       }
       return opened.status();
@@ -97,7 +97,7 @@ class SessionMetadata {
   void close() {
     if (md_ == nullptr) return;
     std::lock_guard lock(volume_.metadata_mutex);
-    volume_.copy_status = copy_json(md_->info());
+    volume_.copy_status = CopyStatus{.info = md_->info()};
     volume_.copy_status_at = std::chrono::steady_clock::now();
     volume_.metadata.reset();
     md_.reset();  // the last reference: closes the pool
@@ -157,297 +157,370 @@ std::string failed_volume_text(const std::string& name, const std::string& node,
          failure.message();
 }
 
-}  // namespace
+// One authenticated initiator's session: open() claims the volume, opens
+// its metadata, registers the region and sends the VolumeDescriptor; serve()
+// pumps messages, each to its own handler, and checks between them what
+// may end the session from outside (promote --force, a reload, a failed
+// region, shutdown, silence); close() revokes access, then records.
+class Session {
+ public:
+  Session(SessionContext& context, AdmittedPeer peer)
+      : context_(context),
+        peer_(std::move(peer)),
+        volume_(*peer_.volume),
+        record_(*peer_.record),
+        messenger_(*peer_.messenger),
+        region_(*volume_.region),
+        md_(volume_),
+        access_seen_(peer_.access_checked) {}
 
-void serve_session(SessionContext& context, AdmittedPeer peer) {
-  // The handshake (Hello, Challenge, AuthResponse) ran in Admission
-  // (target_admission.cpp); the peer has proven the volume's secret, and
-  // its connection is active.
-  std::unique_ptr<transport::Connection> connection = std::move(peer.connection);
-  session::Messenger& messenger = *peer.messenger;
-  const std::string& identity = peer.hello.identity;
-  const std::string& who = peer.who;
-  std::shared_ptr<ServedVolume> volume = std::move(peer.volume);
-  std::shared_ptr<SessionRecord> record = std::move(peer.record);
-  const std::string& name = volume->config.name;
-  auth::SessionContext auth_context{name, identity, peer.hello.client_nonce, peer.server_nonce};
-  auto refuse_session = [&](Errc code, const std::string& text) {
-    record->state.transition(supervisor::PeerState::kRefused, text);
-    session::refuse(messenger, code, text);
-  };
-  const std::string& secret = peer.secret;
-  const uint64_t access_checked = peer.access_checked;
-  // A failed volume (a write-back error, a fault on its mapping) may have
-  // lost acknowledged bytes, and its later flushes prove nothing: no writer
-  // until an operator reopens it.
-  if (Status failure = volume->region->failure(); !failure.ok()) {
-    std::string text = failed_volume_text(name, context.node, failure);
-    spdlog::warn("{}: refused: {}", who, text);
-    refuse_session(Errc::kIoError, text);
-    return;
-  }
-  WriterClaim claim;
-  std::string holder;
-  if (!claim.try_claim(*volume, who, holder)) {
-    spdlog::warn("{}: volume {}: refused second writer (held by {})", who, name, holder);
-    refuse_session(Errc::kBusy, "volume '" + name + "' already has a writer: " + holder);
-    return;
+  void run() {
+    if (!open()) return;
+    serve();
+    close();
   }
 
-  SessionMetadata md(*volume);
-  if (Status opened = md.open(context.node); !opened.ok()) {
-    if (opened.code() == Errc::kBusy) {
-      spdlog::warn("{}: volume {}: refused: {}", who, name, opened.message());
-    } else {
-      spdlog::error("{}: volume {}: {}", who, name, opened.message());
+ private:
+  const std::string& name() const { return volume_.config.name; }
+  const std::string& who() const { return peer_.who; }
+  const std::string& identity() const { return peer_.hello.identity; }
+
+  // Refused before the session opened: the record says why.
+  void refuse_opening(Errc code, const std::string& text) {
+    record_.state.transition(supervisor::PeerState::kRefused, text);
+    session::refuse(messenger_, code, text);
+  }
+
+  // Ends the session from our side: the peer is told why.
+  void end(Errc code, const std::string& told, std::string reason,
+           std::optional<supervisor::PeerState> state = std::nullopt) {
+    session::refuse(messenger_, code, told);
+    end_reason_ = std::move(reason);
+    end_state_ = state;
+    open_ = false;
+  }
+
+  bool open() {
+    // The handshake (Hello, Challenge, AuthResponse) ran in Admission
+    // (target_admission.cpp); the peer has proven the volume's secret, and
+    // its connection is active. A failed volume (a write-back error, a
+    // fault on its mapping) may have lost acknowledged bytes, and its later
+    // flushes prove nothing: no writer until an operator reopens it.
+    if (Status failure = region_.failure(); !failure.ok()) {
+      std::string text = failed_volume_text(name(), context_.node, failure);
+      spdlog::warn("{}: refused: {}", who(), text);
+      refuse_opening(Errc::kIoError, text);
+      return false;
     }
-    refuse_session(opened.code(), opened.message());
-    return;
-  }
-  if (md->info().promoted) {
-    std::string text = "volume '" + name + "' was promoted on node " + context.node +
-                       " and accepts no other primary; run `pmirrorctl demote " + name + "` on " +
-                       context.node + " to make it a replica again";
-    spdlog::warn("{}: refused: {}", who, text);
-    md.close();  // let go first: an operator's demote may follow at once
-    claim.release();
-    // Not "busy": waiting will not help. The initiator must not go on
-    // without this copy as if it were merely down (docs/replica-recovery.md).
-    refuse_session(Errc::kFailedPrecondition, text);
-    return;
-  }
-
-  region::Region& region = *volume->region;
-  auto registration = connection->register_memory(
-      region.data(), region.size(), transport::kRemoteWrite | transport::kRemoteRead,
-      // A failure fails the Read that flushes (tcp) and the region for good
-      // (region.h), which ends this session below and refuses later ones.
-      [&region](const void* addr, size_t len) { return region.persist_range(addr, len); });
-  if (!registration.ok()) {
-    Status failed = registration.status().with_context("registering " + region.path());
-    spdlog::error("{}: volume {}: {}", who, name, failed.to_string());
-    refuse_session(failed.code(), failed.message());
-    return;
-  }
-
-  auto recorded = context.state.get_or_create(name);
-  if (!recorded.ok()) {
-    spdlog::error("{}: volume {}: state: {}", who, name, recorded.status().to_string());
-    refuse_session(Errc::kIoError, "target cannot read its state pool");
-    return;
-  }
-  Bookkeeping book{recorded->generation, recorded->last_sequence};
-  {
-    std::scoped_lock lock(volume->mutex, volume->record_mutex);
-    volume->writer_identity = identity;
-    volume->generation.store(book.generation);
-    volume->applied_sequence.store(book.last_sequence);
-    volume->recorded_sequence = book.last_sequence;
-  }
-
-  const transport::RemoteKey key = (*registration)->remote_key();
-  protocol::VolumeDescriptor descriptor;
-  descriptor.region_size = region.size();
-  descriptor.remote_address = key.address;
-  descriptor.rkey = key.rkey;
-  descriptor.methods = volume->methods;
-  descriptor.generation = book.generation;
-  descriptor.last_sequence = book.last_sequence;
-  descriptor.recv_slots = connection->options().recv_slots;
-  describe_copy(*md, descriptor);
-  descriptor.mac = auth::target_proof(secret, auth_context);
-  if (Status sent = messenger.send(descriptor); !sent.ok()) {
-    spdlog::warn("{}: sending VolumeDescriptor: {}", who, sent.to_string());
-    record->state.transition(supervisor::PeerState::kDisconnected, sent.message());
-    connection->shutdown();
-    return;
-  }
-  {
-    std::lock_guard lock(volume->mutex);
-    record->method = (volume->methods & protocol::kMethodApm) != 0 ? "apm+gpspm" : "gpspm";
-  }
-  record->acknowledged = book.last_sequence;
-  record->state.transition(supervisor::PeerState::kConnected, "session open");
-  spdlog::info(
-      "{}: volume {}: session open (generation {}, last sequence {}, methods {:#x}; copy "
-      "generation {}{}{})",
-      who, name, book.generation, book.last_sequence, volume->methods,
-      hex16(descriptor.data_generation),
-      (descriptor.copy_flags & protocol::kCopyConsistent) != 0 ? "" : ", inconsistent",
-      (descriptor.copy_flags & protocol::kCopyUnclean) != 0
-          ? ", unclean: " + std::to_string(descriptor.activity_extents.size()) +
-                " activity extent(s) reported"
-          : std::string());
-
-  std::string end_reason = "initiator closed the session";
-  bool said_goodbye = false;
-  // The state the session record ends in when it is not a Goodbye
-  // (kClosed) or a plain loss (kDisconnected).
-  std::optional<supervisor::PeerState> end_state;
-  auto last_heard = Clock::now();
-  std::vector<protocol::Message> messages;
-  uint64_t access_seen = access_checked;
-  bool open = true;
-  while (open) {
-    messages.clear();
-    Status pumped = messenger.pump(100ms, messages);
-    if (!pumped.ok()) {
-      end_reason = pumped.to_string();
-      break;
+    std::string holder;
+    if (!claim_.try_claim(volume_, who(), holder)) {
+      spdlog::warn("{}: volume {}: refused second writer (held by {})", who(), name(), holder);
+      refuse_opening(Errc::kBusy, "volume '" + name() + "' already has a writer: " + holder);
+      return false;
     }
-    if (volume->evict.load()) {
+    if (Status opened = md_.open(context_.node); !opened.ok()) {
+      if (opened.code() == Errc::kBusy) {
+        spdlog::warn("{}: volume {}: refused: {}", who(), name(), opened.message());
+      } else {
+        spdlog::error("{}: volume {}: {}", who(), name(), opened.message());
+      }
+      refuse_opening(opened.code(), opened.message());
+      return false;
+    }
+    if (md_->info().promoted) {
+      std::string text = "volume '" + name() + "' was promoted on node " + context_.node +
+                         " and accepts no other primary; run `pmirrorctl demote " + name() +
+                         "` on " + context_.node + " to make it a replica again";
+      spdlog::warn("{}: refused: {}", who(), text);
+      md_.close();  // let go first: an operator's demote may follow at once
+      claim_.release();
+      // Not "busy": waiting will not help. The initiator must not go on
+      // without this copy as if it were merely down (docs/replica-recovery.md).
+      refuse_opening(Errc::kFailedPrecondition, text);
+      return false;
+    }
+
+    region::Region& region = region_;
+    auto registration = peer_.connection->register_memory(
+        region.data(), region.size(), transport::kRemoteWrite | transport::kRemoteRead,
+        // A failure fails the Read that flushes (tcp) and the region for
+        // good (region.h), which ends this session and refuses later ones.
+        [&region](const void* addr, size_t len) { return region.persist_range(addr, len); });
+    if (!registration.ok()) {
+      Status failed = registration.status().with_context("registering " + region.path());
+      spdlog::error("{}: volume {}: {}", who(), name(), failed.to_string());
+      refuse_opening(failed.code(), failed.message());
+      return false;
+    }
+    registration_ = std::move(registration).value();
+
+    auto recorded = context_.state.get_or_create(name());
+    if (!recorded.ok()) {
+      spdlog::error("{}: volume {}: state: {}", who(), name(), recorded.status().to_string());
+      refuse_opening(Errc::kIoError, "target cannot read its state pool");
+      return false;
+    }
+    book_ = {recorded->generation, recorded->last_sequence};
+    {
+      std::scoped_lock lock(volume_.mutex, volume_.record_mutex);
+      volume_.writer_identity = identity();
+      volume_.generation.store(book_.generation);
+      volume_.applied_sequence.store(book_.last_sequence);
+      volume_.recorded_sequence = book_.last_sequence;
+    }
+    return send_descriptor();
+  }
+
+  bool send_descriptor() {
+    const transport::RemoteKey key = registration_->remote_key();
+    protocol::VolumeDescriptor descriptor;
+    descriptor.region_size = region_.size();
+    descriptor.remote_address = key.address;
+    descriptor.rkey = key.rkey;
+    descriptor.methods = volume_.methods;
+    descriptor.generation = book_.generation;
+    descriptor.last_sequence = book_.last_sequence;
+    descriptor.recv_slots = peer_.connection->options().recv_slots;
+    describe_copy(*md_, descriptor);
+    const auth::SessionContext auth_context{name(), identity(), peer_.hello.client_nonce,
+                                            peer_.server_nonce};
+    descriptor.mac = auth::target_proof(peer_.secret, auth_context);
+    if (Status sent = messenger_.send(descriptor); !sent.ok()) {
+      spdlog::warn("{}: sending VolumeDescriptor: {}", who(), sent.to_string());
+      record_.state.transition(supervisor::PeerState::kDisconnected, sent.message());
+      peer_.connection->shutdown();
+      return false;
+    }
+    {
+      std::lock_guard lock(volume_.mutex);
+      record_.method = (volume_.methods & protocol::kMethodApm) != 0 ? "apm+gpspm" : "gpspm";
+    }
+    record_.acknowledged = book_.last_sequence;
+    record_.state.transition(supervisor::PeerState::kConnected, "session open");
+    spdlog::info(
+        "{}: volume {}: session open (generation {}, last sequence {}, methods {:#x}; copy "
+        "generation {}{}{})",
+        who(), name(), book_.generation, book_.last_sequence, volume_.methods,
+        hex16(descriptor.data_generation),
+        (descriptor.copy_flags & protocol::kCopyConsistent) != 0 ? "" : ", inconsistent",
+        (descriptor.copy_flags & protocol::kCopyUnclean) != 0
+            ? ", unclean: " + std::to_string(descriptor.activity_extents.size()) +
+                  " activity extent(s) reported"
+            : std::string());
+    return true;
+  }
+
+  void serve() {
+    auto last_heard = Clock::now();
+    std::vector<protocol::Message> messages;
+    while (open_) {
+      messages.clear();
+      if (Status pumped = messenger_.pump(100ms, messages); !pumped.ok()) {
+        end_reason_ = pumped.to_string();
+        return;
+      }
+      if (ended_from_outside(messages.empty())) return;
+      if (messages.empty()) {
+        if (Clock::now() - last_heard > context_.options.session_timeout) {
+          std::string silence = "nothing heard for " +
+                                std::to_string(context_.options.session_timeout.count()) + " ms";
+          end(Errc::kTimeout, "session timed out: " + silence, silence);
+        }
+        continue;
+      }
+      last_heard = Clock::now();
+      for (const auto& message : messages) {
+        Status handled = std::visit(
+            [&](const auto& m) -> Status {
+              if constexpr (requires { on(m); }) {
+                return on(m);
+              } else {
+                return Status(Errc::kProtocolError,
+                              "unexpected " +
+                                  std::string(protocol::type_name(protocol::type_of(message))) +
+                                  " during a session");
+              }
+            },
+            message);
+        if (!handled.ok()) {
+          ++record_.errors;
+          end(handled.code(), handled.message(), handled.to_string());
+        }
+        if (!open_) break;
+      }
+    }
+  }
+
+  // What ends a session other than its messages: checked after every pump
+  // (idle: nothing arrived in it). True when the session has ended.
+  bool ended_from_outside(bool idle) {
+    if (volume_.evict.load()) {
       // `pmirrorctl promote --force` on this node: this copy becomes the
       // primary; the old primary's session ends now.
       std::string reason;
       {
-        std::lock_guard lock(volume->mutex);
-        reason = volume->evict_reason;
+        std::lock_guard lock(volume_.mutex);
+        reason = volume_.evict_reason;
       }
-      session::refuse(messenger, Errc::kClosed, reason);
-      end_reason = "ended by promote --force: " + reason;
-      end_state = supervisor::PeerState::kClosed;
-      break;
+      end(Errc::kClosed, reason, "ended by promote --force: " + reason,
+          supervisor::PeerState::kClosed);
+      return true;
     }
-    if (uint64_t access = volume->access_version.load(); access != access_seen) {
+    if (uint64_t access = volume_.access_version.load(); access != access_seen_) {
       // A reload changed allowed_peers: the session goes on while its
       // identity is still in it.
-      access_seen = access;
-      if (!volume->allows(identity)) {
-        end_reason = "access of '" + identity + "' to volume '" + name +
-                     "' was removed by a configuration reload";
-        session::refuse(messenger, Errc::kPermissionDenied, end_reason);
-        end_state = supervisor::PeerState::kRefused;
-        break;
+      access_seen_ = access;
+      if (!volume_.allows(identity())) {
+        std::string text = "access of '" + identity() + "' to volume '" + name() +
+                           "' was removed by a configuration reload";
+        end(Errc::kPermissionDenied, text, text, supervisor::PeerState::kRefused);
+        return true;
       }
     }
-    if (region.failed()) {
+    if (region_.failed()) {
       // Found by this session's flush, or by a fault on the mapping.
-      std::string text = failed_volume_text(name, context.node, region.failure());
-      session::refuse(messenger, Errc::kIoError, text);
-      end_reason = text;
-      break;
+      std::string text = failed_volume_text(name(), context_.node, region_.failure());
+      end(Errc::kIoError, text, text);
+      return true;
     }
-    if (messages.empty()) {
-      if (context.stopping.load()) {
-        session::refuse(messenger, Errc::kClosed, "target is shutting down");
-        end_reason = "target shutting down";
-        break;
-      }
-      if (volume->removed.load()) {
-        session::refuse(messenger, Errc::kClosed,
-                        "volume '" + name + "' was removed from the target's configuration");
-        end_reason = "volume removed by a configuration reload";
-        break;
-      }
-      if (Clock::now() - last_heard > context.options.session_timeout) {
-        end_reason =
-            "nothing heard for " + std::to_string(context.options.session_timeout.count()) + " ms";
-        session::refuse(messenger, Errc::kTimeout, "session timed out: " + end_reason);
-        break;
-      }
-      continue;
+    if (!idle) return false;
+    if (context_.stopping.load()) {
+      end(Errc::kClosed, "target is shutting down", "target shutting down");
+      return true;
     }
-    last_heard = Clock::now();
-    for (auto& message : messages) {
-      Status handled;
-      if (auto* commit = std::get_if<protocol::Commit>(&message)) {
-        handled =
-            check_update(book, commit->generation, commit->sequence, commit->ranges, region.size());
-        if (handled.ok()) {
-          book.last_sequence = commit->sequence;
-          volume->applied_sequence.store(book.last_sequence);
-          ++record->persists;
-          for (const auto& range : commit->ranges) record->bytes += range.length;
-          record->acknowledged = commit->sequence;
-          handled = messenger.send(protocol::CommitAck{commit->sequence});
-        }
-      } else if (auto* request = std::get_if<protocol::PersistRequest>(&message);
-                 request != nullptr && request->sequence == protocol::kResyncSequence) {
-        // A resync copy: persist the ranges, record nothing.
-        handled = protocol::check_ranges(request->ranges, region.size());
-        for (const auto& range : request->ranges) {
-          if (!handled.ok()) break;
-          handled = region.persist(range.offset, range.length);
-        }
-        if (handled.ok()) handled = messenger.send(protocol::PersistAck{request->sequence});
-      } else if (request != nullptr) {
-        handled = check_update(book, request->generation, request->sequence, request->ranges,
-                               region.size());
-        for (const auto& range : request->ranges) {
-          if (!handled.ok()) break;
-          handled = region.persist(range.offset, range.length);
-        }
-        if (handled.ok()) {
-          book.last_sequence = request->sequence;
-          volume->applied_sequence.store(book.last_sequence);
-          ++record->persists;
-          for (const auto& range : request->ranges) record->bytes += range.length;
-          record->acknowledged = request->sequence;
-          handled = messenger.send(protocol::PersistAck{request->sequence});
-        }
-      } else if (auto* ping = std::get_if<protocol::Ping>(&message)) {
-        handled = messenger.send(protocol::Pong{ping->token});
-      } else if (std::holds_alternative<protocol::Goodbye>(message)) {
-        said_goodbye = true;
-        open = false;
-        break;
-      } else if (auto* set = std::get_if<protocol::SetGeneration>(&message)) {
-        bool consistent = (set->flags & protocol::kGenerationConsistent) != 0;
-        handled = adopt(*md, *set);
-        if (handled.ok()) {
-          spdlog::info("{}: volume {}: copy adopted generation {} ({})", who, name,
-                       hex16(set->generation),
-                       consistent ? "consistent: in sync"
-                                  : "inconsistent until the resync into it completes");
-          handled = messenger.send(protocol::GenerationAck{set->generation});
-        } else {
-          spdlog::error("{}: volume {}: adopting generation {}: {}", who, name,
-                        hex16(set->generation), handled.to_string());
-        }
-      } else if (auto* verify_request = std::get_if<protocol::VerifyRequest>(&message)) {
-        auto reply = verify(region, *verify_request);
-        handled = reply.ok() ? messenger.send(*reply) : reply.status();
-      } else if (auto* error = std::get_if<protocol::ErrorReply>(&message)) {
-        // The peer's words: escaped before they reach the log and status.
-        std::string text = protocol::printable(error->text, protocol::kMaxErrorText);
-        if (error->code == Errc::kSplitBrain) {
-          spdlog::error("{}: volume {}: split brain: {}", who, name, text);
-          end_reason = text;
-          end_state = supervisor::PeerState::kSplitBrain;
-        } else {
-          end_reason = "initiator reported: " + text;
-        }
-        open = false;
-        break;
-      } else {
-        handled =
-            Status(Errc::kProtocolError,
-                   "unexpected " + std::string(protocol::type_name(protocol::type_of(message))) +
-                       " during a session");
-      }
-      if (!handled.ok()) {
-        ++record->errors;
-        end_reason = handled.to_string();
-        session::refuse(messenger, handled.code(), handled.message());
-        open = false;
-        break;
-      }
+    if (volume_.removed.load()) {
+      end(Errc::kClosed, "volume '" + name() + "' was removed from the target's configuration",
+          "volume removed by a configuration reload");
+      return true;
     }
+    return false;
   }
-  registration->reset();  // revoke the initiator's access before anything else
-  connection->shutdown();
-  claim.leaving();
-  if (Status saved = checkpoint(context.state, *volume); !saved.ok()) {
-    spdlog::error("{}: volume {}: recording sequence {}: {}", who, name, book.last_sequence,
-                  saved.to_string());
+
+  // ---- one handler per message the initiator may send in a session
+
+  // An update (Commit, or PersistRequest under GPSPM) is recorded: the
+  // sequence it carries becomes the last one applied.
+  void record_update(uint64_t sequence, const std::vector<protocol::Range>& ranges) {
+    book_.last_sequence = sequence;
+    volume_.applied_sequence.store(book_.last_sequence);
+    ++record_.persists;
+    for (const auto& range : ranges) record_.bytes += range.length;
+    record_.acknowledged = sequence;
   }
-  md.close();  // before the claim goes: whoever claims next may open it at once
-  claim.release();
-  record->state.transition(end_state.value_or(said_goodbye ? supervisor::PeerState::kClosed
-                                                           : supervisor::PeerState::kDisconnected),
-                           end_reason);
-  spdlog::info("{}: volume {}: session closed at sequence {}: {}", who, name, book.last_sequence,
-               end_reason);
+
+  Status persist_ranges(const std::vector<protocol::Range>& ranges) {
+    for (const auto& range : ranges) {
+      PMIRROR_RETURN_IF_ERROR(region_.persist(range.offset, range.length));
+    }
+    return Status::Ok();
+  }
+
+  // APM: the data was written and flushed by the transport; record it.
+  Status on(const protocol::Commit& commit) {
+    PMIRROR_RETURN_IF_ERROR(
+        check_update(book_, commit.generation, commit.sequence, commit.ranges, region_.size()));
+    record_update(commit.sequence, commit.ranges);
+    return messenger_.send(protocol::CommitAck{commit.sequence});
+  }
+
+  // GPSPM: persist the ranges here, then record them; a resync copy
+  // (kResyncSequence) is persisted and recorded nowhere.
+  Status on(const protocol::PersistRequest& request) {
+    if (request.sequence == protocol::kResyncSequence) {
+      PMIRROR_RETURN_IF_ERROR(protocol::check_ranges(request.ranges, region_.size()));
+      PMIRROR_RETURN_IF_ERROR(persist_ranges(request.ranges));
+      return messenger_.send(protocol::PersistAck{request.sequence});
+    }
+    PMIRROR_RETURN_IF_ERROR(
+        check_update(book_, request.generation, request.sequence, request.ranges, region_.size()));
+    PMIRROR_RETURN_IF_ERROR(persist_ranges(request.ranges));
+    record_update(request.sequence, request.ranges);
+    return messenger_.send(protocol::PersistAck{request.sequence});
+  }
+
+  Status on(const protocol::Ping& ping) { return messenger_.send(protocol::Pong{ping.token}); }
+
+  Status on(const protocol::Goodbye&) {
+    said_goodbye_ = true;
+    open_ = false;
+    return Status::Ok();
+  }
+
+  Status on(const protocol::SetGeneration& set) {
+    bool consistent = (set.flags & protocol::kGenerationConsistent) != 0;
+    if (Status adopted = adopt(*md_, set); !adopted.ok()) {
+      spdlog::error("{}: volume {}: adopting generation {}: {}", who(), name(),
+                    hex16(set.generation), adopted.to_string());
+      return adopted;
+    }
+    spdlog::info(
+        "{}: volume {}: copy adopted generation {} ({})", who(), name(), hex16(set.generation),
+        consistent ? "consistent: in sync" : "inconsistent until the resync into it completes");
+    return messenger_.send(protocol::GenerationAck{set.generation});
+  }
+
+  Status on(const protocol::VerifyRequest& request) {
+    auto reply = verify(region_, request);
+    return reply.ok() ? messenger_.send(*reply) : reply.status();
+  }
+
+  // The initiator ends the session with an error of its own.
+  Status on(const protocol::ErrorReply& error) {
+    // The peer's words: escaped before they reach the log and status.
+    std::string text = protocol::printable(error.text, protocol::kMaxErrorText);
+    if (error.code == Errc::kSplitBrain) {
+      spdlog::error("{}: volume {}: split brain: {}", who(), name(), text);
+      end_reason_ = text;
+      end_state_ = supervisor::PeerState::kSplitBrain;
+    } else {
+      end_reason_ = "initiator reported: " + text;
+    }
+    open_ = false;
+    return Status::Ok();
+  }
+
+  void close() {
+    registration_.reset();  // revoke the initiator's access before anything else
+    peer_.connection->shutdown();
+    claim_.leaving();
+    if (Status saved = checkpoint(context_.state, volume_); !saved.ok()) {
+      spdlog::error("{}: volume {}: recording sequence {}: {}", who(), name(), book_.last_sequence,
+                    saved.to_string());
+    }
+    md_.close();  // before the claim goes: whoever claims next may open it at once
+    claim_.release();
+    record_.state.transition(
+        end_state_.value_or(said_goodbye_ ? supervisor::PeerState::kClosed
+                                          : supervisor::PeerState::kDisconnected),
+        end_reason_);
+    spdlog::info("{}: volume {}: session closed at sequence {}: {}", who(), name(),
+                 book_.last_sequence, end_reason_);
+  }
+
+  SessionContext& context_;
+  AdmittedPeer peer_;  // the connection and its messenger: outlive everything below
+  ServedVolume& volume_;
+  SessionRecord& record_;
+  session::Messenger& messenger_;
+  region::Region& region_;
+  // Released in reverse: the registration, then the metadata, then the claim.
+  WriterClaim claim_;
+  SessionMetadata md_;
+  std::unique_ptr<transport::MemoryRegion> registration_;
+  Bookkeeping book_;
+  uint64_t access_seen_;
+  bool open_ = true;
+  bool said_goodbye_ = false;
+  std::string end_reason_ = "initiator closed the session";
+  // The state the record ends in when it is not a Goodbye (kClosed) or a
+  // plain loss (kDisconnected).
+  std::optional<supervisor::PeerState> end_state_;
+};
+
+}  // namespace
+
+void serve_session(SessionContext& context, AdmittedPeer peer) {
+  Session(context, std::move(peer)).run();
 }
 
 }  // namespace pmirror::target

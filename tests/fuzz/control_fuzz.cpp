@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 
+#include "common/rfc3339.h"
 #include "control/control.h"
 
 namespace {
@@ -101,7 +102,7 @@ void client_side(const json& reply) {
   control::verify_failures(reply);
   control::format_promote_human(reply);
   control::format_generation(reply);
-  if (reply.is_string()) control::parse_time(reply.get<std::string>());
+  if (reply.is_string()) parse_rfc3339(reply.get<std::string>());
 }
 
 }  // namespace

@@ -347,8 +347,8 @@ class RdmaListener final : public Listener {
     return result;
   }
 
-  RdmaListener(Fd wake, Fd epoll, EventChannel channel, CmId id, ConnectionOptions options,
-               std::string where, const AdmissionOptions& admission)
+  RdmaListener(UniqueFd wake, UniqueFd epoll, EventChannel channel, CmId id,
+               ConnectionOptions options, std::string where, const AdmissionOptions& admission)
       : wake_(std::move(wake)),
         epoll_(std::move(epoll)),
         channel_(std::move(channel)),
@@ -697,8 +697,8 @@ class RdmaListener final : public Listener {
     }
   }
 
-  Fd wake_;   // eventfd: shutdown() wakes a blocked accept()
-  Fd epoll_;  // the listening channel, wake_, every pending channel
+  UniqueFd wake_;   // eventfd: shutdown() wakes a blocked accept()
+  UniqueFd epoll_;  // the listening channel, wake_, every pending channel
   EventChannel channel_;
   CmId id_;
   const ConnectionOptions options_;
@@ -716,9 +716,9 @@ Result<std::unique_ptr<Listener>> listen_impl(const std::string& address, uint16
                                               const ConnectionOptions& options,
                                               const AdmissionOptions& admission) {
   const std::string where = endpoint_text(address, port);
-  Fd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (wake.get() < 0) return errno_status(Errc::kIoError, "eventfd", errno);
-  Fd epoll(epoll_create1(EPOLL_CLOEXEC));
+  UniqueFd epoll(epoll_create1(EPOLL_CLOEXEC));
   if (epoll.get() < 0) return errno_status(Errc::kIoError, "epoll_create1", errno);
   PMIRROR_ASSIGN_OR_RETURN(EventChannel channel, make_channel());
   for (int watched : {wake.get(), channel->fd}) {

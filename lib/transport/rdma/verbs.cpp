@@ -39,18 +39,6 @@ void destroy_mr(ibv_mr* mr) {
     spdlog::warn("rdma: ibv_dereg_mr on {}: {}", device, std::strerror(err));
 }
 
-Fd& Fd::operator=(Fd&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = std::exchange(other.fd_, -1);
-  }
-  return *this;
-}
-
-Fd::~Fd() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
 AlignedBuffer allocate_aligned(size_t length) {
   constexpr size_t kPage = 4096;
   const size_t rounded = (length + kPage - 1) / kPage * kPage;

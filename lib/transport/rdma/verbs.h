@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "common/status.h"
+#include "common/unique_fd.h"
 
 namespace pmirror::transport::rdma {
 
@@ -117,22 +118,6 @@ class CmEvent {
 
  private:
   rdma_cm_event* event_ = nullptr;
-};
-
-// A plain file descriptor (eventfd of the listener).
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  Fd& operator=(Fd&& other) noexcept;
-  ~Fd();
-  int get() const { return fd_; }
-
- private:
-  int fd_ = -1;
 };
 
 // Page-aligned, zeroed heap block (send ring, receive slots).

@@ -1,5 +1,5 @@
-// Small socket helpers for the tcp transport: an owning fd, address
-// formatting, whole-buffer I/O.
+// Small socket helpers for the tcp transport: address formatting,
+// whole-buffer I/O (descriptors are owned by common/unique_fd.h).
 #pragma once
 
 #include <sys/socket.h>
@@ -12,32 +12,9 @@
 #include <utility>
 
 #include "common/status.h"
+#include "common/unique_fd.h"
 
 namespace pmirror::transport::tcp {
-
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept {
-    if (this != &other) reset(std::exchange(other.fd_, -1));
-    return *this;
-  }
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd() { reset(); }
-
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  void reset(int fd = -1) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 using Clock = std::chrono::steady_clock;
 

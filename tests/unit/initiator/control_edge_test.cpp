@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "common/rfc3339.h"
 #include "control/control.h"
 
 namespace pmirror::initiator {
@@ -80,7 +81,7 @@ TEST(ControlEdge, StatusIsTheObjectOfTheControlDocs) {
                                             "identity", "opened_at", "peers"}));
   EXPECT_EQ(v["role"], "primary");
   EXPECT_EQ(v["generation"], "0000000000000abc");
-  EXPECT_EQ(v["opened_at"], supervisor::format_time(sample_status().opened_at));
+  EXPECT_EQ(v["opened_at"], format_rfc3339(sample_status().opened_at));
   EXPECT_EQ(v["last_sequence"], 42);
   ASSERT_EQ(v["peers"].size(), 3u);
   const json& b = v["peers"][0];

@@ -78,10 +78,5 @@ TEST(LatencyWindowTest, PercentilesOfTheLastSamples) {
   EXPECT_EQ(p.p50, 5000);
 }
 
-TEST(FormatTimeTest, Rfc3339Utc) {
-  auto t = std::chrono::system_clock::from_time_t(1790000000);
-  EXPECT_EQ(format_time(t), "2026-09-21T14:13:20Z");
-}
-
 }  // namespace
 }  // namespace pmirror::supervisor

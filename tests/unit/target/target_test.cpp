@@ -174,15 +174,12 @@ class TargetTest : public ::testing::Test {
     target_.reset();
   }
 
-  nlohmann::json volume_status() {
-    auto status = nlohmann::json::parse(target_->status_json());
-    return status["volumes"][0];
-  }
+  nlohmann::json volume_status() { return to_json(target_->status())["volumes"][0]; }
 
   // Waits until no session holds the volume (the last one has closed its
   // metadata and released the claim).
   bool wait_no_writer() {
-    return wait_until([this] { return target_->status()[0].writer.empty(); });
+    return wait_until([this] { return target_->status().volumes[0].writer.empty(); });
   }
 
   std::unique_ptr<metadata::CopyMetadata> open_metadata() {
@@ -261,7 +258,7 @@ TEST_F(TargetTest, StrangersLeaveNoSessionRecord) {
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().code(), Errc::kNotFound);
 
-  auto status = nlohmann::json::parse(target_->status_json());  // valid JSON, UTF-8
+  auto status = to_json(target_->status());
   EXPECT_TRUE(status["volumes"][0]["peers"].empty()) << status.dump();
   EXPECT_EQ(status["admission"]["authentication_failures"], 1) << status.dump();
   EXPECT_EQ(status["admission"]["refused"], 1) << status.dump();
@@ -430,13 +427,21 @@ TEST_F(TargetTest, PromoteIsRefusedWhileAWriterIsConnectedUnlessForced) {
 
   auto promoted = target_->promote("v1", true);
   ASSERT_TRUE(promoted.ok()) << promoted.status().to_string();
-  EXPECT_EQ((*promoted)["volume"], "v1");
-  EXPECT_EQ((*promoted)["node"], "b");
-  EXPECT_EQ((*promoted)["previous"], hex16(g));
-  EXPECT_NE((*promoted)["generation"], hex16(g));
-  EXPECT_EQ((*promoted)["generation"].get<std::string>().size(), 16u);
-  EXPECT_EQ((*promoted)["promoted"], true);
-  EXPECT_EQ((*promoted)["forced"], true);
+  EXPECT_EQ(promoted->volume, "v1");
+  EXPECT_EQ(promoted->node, "b");
+  EXPECT_EQ(promoted->previous, g);
+  EXPECT_NE(promoted->generation, g);
+  EXPECT_NE(promoted->generation, 0u);
+  EXPECT_TRUE(promoted->forced);
+  EXPECT_FALSE(promoted->already_promoted);
+  // What pmirrord answers `promote` with (docs/control.md).
+  EXPECT_EQ(to_json(*promoted), (nlohmann::json{{"volume", "v1"},
+                                                {"node", "b"},
+                                                {"generation", hex16(promoted->generation)},
+                                                {"previous", hex16(g)},
+                                                {"promoted", true},
+                                                {"forced", true},
+                                                {"already_promoted", false}}));
 
   // The old primary's session was ended.
   auto ended = client->receive("anything");
@@ -446,7 +451,7 @@ TEST_F(TargetTest, PromoteIsRefusedWhileAWriterIsConnectedUnlessForced) {
 
   auto copy = volume_status()["copy"];
   EXPECT_EQ(copy["promoted"], true);
-  EXPECT_EQ(copy["generation"], (*promoted)["generation"]);
+  EXPECT_EQ(copy["generation"], hex16(promoted->generation));
   EXPECT_EQ(copy["history"][0], hex16(g));
 }
 
@@ -455,9 +460,9 @@ TEST_F(TargetTest, PromotedCopyRefusesSessionsUntilDemoted) {
   adopt(0x99);
   auto promoted = target_->promote("v1", false);
   ASSERT_TRUE(promoted.ok()) << promoted.status().to_string();
-  EXPECT_EQ((*promoted)["forced"], false);
-  EXPECT_EQ((*promoted)["already_promoted"], false);
-  uint64_t generation = std::stoull((*promoted)["generation"].get<std::string>(), nullptr, 16);
+  EXPECT_FALSE(promoted->forced);
+  EXPECT_FALSE(promoted->already_promoted);
+  const uint64_t generation = promoted->generation;
   {
     // The configured peers are tracked from the old generation on.
     auto md = open_metadata();
@@ -483,15 +488,18 @@ TEST_F(TargetTest, PromotedCopyRefusesSessionsUntilDemoted) {
   // Promoting again changes nothing.
   auto again = target_->promote("v1", false);
   ASSERT_TRUE(again.ok()) << again.status().to_string();
-  EXPECT_EQ((*again)["already_promoted"], true);
-  EXPECT_EQ((*again)["generation"], (*promoted)["generation"]);
+  EXPECT_TRUE(again->already_promoted);
+  EXPECT_EQ(again->generation, generation);
+  EXPECT_EQ(again->previous, 0x99u);
 
   auto demoted = target_->demote("v1");
   ASSERT_TRUE(demoted.ok()) << demoted.status().to_string();
-  EXPECT_EQ(*demoted, (nlohmann::json{{"volume", "v1"},
-                                      {"node", "b"},
-                                      {"promoted", false},
-                                      {"generation", (*promoted)["generation"]}}));
+  EXPECT_EQ(demoted->generation, generation);
+  // What pmirrord answers `demote` with (docs/control.md).
+  EXPECT_EQ(to_json(*demoted), (nlohmann::json{{"volume", "v1"},
+                                               {"node", "b"},
+                                               {"promoted", false},
+                                               {"generation", hex16(generation)}}));
   auto accepted = open_session(target_->port());
   ASSERT_TRUE(accepted.ok()) << accepted.status().to_string();
   EXPECT_EQ(accepted->descriptor.data_generation, generation);
@@ -538,7 +546,7 @@ TEST_F(TargetTest, AFailedVolumeEndsItsSessionRefusesNewOnesAndAReloadReopensIt)
   auto status = volume_status();
   EXPECT_EQ(status["state"], "failed");
   EXPECT_EQ(status["error"], reported.message());
-  EXPECT_EQ(target_->status()[0].failure, reported.message());
+  EXPECT_EQ(target_->status().volumes[0].failure, reported.message());
   ASSERT_TRUE(wait_no_writer());
 
   auto refused = open_session(target_->port());
@@ -576,7 +584,7 @@ TEST_F(TargetTest, AFailedVolumeThatCannotBeReopenedStaysFailedWhileTheReloadApp
   next.volumes.push_back(added);
   Status reloaded = target_->reload(next);
   ASSERT_TRUE(reloaded.ok()) << reloaded.to_string();
-  auto status = target_->status();
+  auto status = target_->status().volumes;
   ASSERT_EQ(status.size(), 2u);
   EXPECT_EQ(status[0].name, "v1");
   EXPECT_THAT(status[0].failure, HasSubstr("memory fault at offset 0"));
