@@ -5,6 +5,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -68,6 +69,32 @@ DocumentScan scan_document(const std::string& text);
 // `mark`, moved onto the last line of `text` that has something on it when
 // it lies past the end.
 YAML::Mark clamp_mark(const std::string& text, YAML::Mark mark);
+
+// -------------------------------------------------- cluster.cpp
+
+// One problem found in a cluster file, with its position for sorting
+// (0: the whole file).
+struct Problem {
+  int line = 0;
+  int column = 0;
+  std::string text;
+};
+// "SOURCE:LINE:COL: ..." -> a Problem at (LINE, COL); (0, 0) when there is none.
+Problem problem_from_text(const std::string& source, std::string text);
+// By position, keeping the order of problems at one position.
+void sort_problems(std::vector<Problem>& problems);
+// The first kMaxReportedProblems (sorted), then one line counting the rest.
+void cap_problems(std::vector<Problem>& problems);
+// One kConfigError listing them, one per line (capped).
+Status problems_status(std::vector<Problem> problems);
+// Parses without failing: the config as far as it could be read, and every
+// problem (sorted by position).
+ClusterConfig parse_collecting(const std::string& text, const std::string& source,
+                               std::vector<Problem>& problems);
+// "a, b, c"; of names, the first 20 and how many in all.
+std::string join(std::span<const std::string_view> words);
+std::string join(const std::vector<std::string>& words);
+std::vector<std::string> node_names(const ClusterConfig& cluster);
 
 // -------------------------------------------------- file_identity.cpp
 
