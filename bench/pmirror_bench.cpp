@@ -53,6 +53,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/log.h"
 #include "config/config.h"
 #include "transport/transport.h"
 
@@ -828,12 +829,10 @@ Json resync_json(const ResyncResults& r) {
   return out;
 }
 
-}  // namespace
+// ------------------------------------------------------------ command line
 
-int main(int argc, char** argv) {
-  CLI::App app{
-      "pmirror-bench: persist latency and throughput of libpmirror over sizes x replicas x "
-      "persists in flight, next to a plain TCP ping-pong of the same sizes"};
+// Everything the command line sets; --help says what each is.
+struct BenchOptions {
   std::vector<std::string> replica_args;
   std::string secret;
   std::string volume_name = "bench";
@@ -864,321 +863,423 @@ int main(int argc, char** argv) {
   bool verbose = false;
   std::string connect_timeout_text = "5s";
 
-  auto* replica_option =
-      app.add_option("--replica", replica_args, "a running target as HOST:PORT (repeat for more)");
-  app.add_option("--secret", secret, "the volume's shared secret on the --replica targets");
-  app.add_option("--volume", volume_name, "volume name on the targets")->capture_default_str();
-  app.add_option("--local", local_path,
+  bool spawning() const { return spawn_targets > 0; }
+  MethodPreference method() const {
+    return method_name == "gpspm" ? MethodPreference::kGpspm : MethodPreference::kAuto;
+  }
+};
+
+void add_options(CLI::App& app, BenchOptions& o) {
+  auto* replica_option = app.add_option("--replica", o.replica_args,
+                                        "a running target as HOST:PORT (repeat for more)");
+  app.add_option("--secret", o.secret, "the volume's shared secret on the --replica targets");
+  app.add_option("--volume", o.volume_name, "volume name on the targets")->capture_default_str();
+  app.add_option("--local", o.local_path,
                  "local copy (created if missing); spawn mode: DIR/…/local.img");
-  app.add_option("--size", size_text, "volume size")->capture_default_str();
-  app.add_option("--transport", transport_name, "tcp|rdma")->capture_default_str();
-  app.add_option("--address", address,
+  app.add_option("--size", o.size_text, "volume size")->capture_default_str();
+  app.add_option("--transport", o.transport_name, "tcp|rdma")->capture_default_str();
+  app.add_option("--address", o.address,
                  "spawn mode: address the targets listen on (rdma: the RDMA device's IP)")
       ->capture_default_str();
-  app.add_option("--identity", identity, "who we are to the targets")->capture_default_str();
-  app.add_option("--method", method_name, "auto (APM where offered) | gpspm")
+  app.add_option("--identity", o.identity, "who we are to the targets")->capture_default_str();
+  app.add_option("--method", o.method_name, "auto (APM where offered) | gpspm")
       ->capture_default_str();
-  app.add_option("--spawn-targets", spawn_targets,
+  app.add_option("--spawn-targets", o.spawn_targets,
                  "start N pmirrord on free ports with generated configs, then stop them")
       ->excludes(replica_option)
       ->check(CLI::Range(1, 16));
-  app.add_option("--pmirrord", daemon_path, "pmirrord binary for --spawn-targets")
+  app.add_option("--pmirrord", o.daemon_path, "pmirrord binary for --spawn-targets")
       ->capture_default_str();
-  app.add_option("--dir", data_dir,
+  app.add_option("--dir", o.data_dir,
                  "spawn mode: where volume files, state pools and logs go (/dev/shm keeps msync "
                  "off the disk)")
       ->capture_default_str();
-  app.add_option("--first-target-volume", first_target_volume,
+  app.add_option("--first-target-volume", o.first_target_volume,
                  "spawn mode: the first target serves its volume from PATH (e.g. a devdax device "
                  "such as /dev/dax1.0, for APM over rdma) instead of a file under --dir");
-  app.add_flag("--keep", keep, "spawn mode: keep the work folder (configs, logs, volumes)");
-  app.add_option("--sizes", size_args, "record sizes (e.g. 64,4KiB)")
+  app.add_flag("--keep", o.keep, "spawn mode: keep the work folder (configs, logs, volumes)");
+  app.add_option("--sizes", o.size_args, "record sizes (e.g. 64,4KiB)")
       ->delimiter(',')
       ->capture_default_str();
-  app.add_option("--depths", depths, "persists in flight (1 = synchronous persist())")
+  app.add_option("--depths", o.depths, "persists in flight (1 = synchronous persist())")
       ->delimiter(',')
       ->check(CLI::Range(1u, 1024u))
       ->capture_default_str();
-  app.add_option("--replicas-list", replica_counts,
+  app.add_option("--replicas-list", o.replica_counts,
                  "replica counts to measure, each using the first K targets (default 1,2 capped "
                  "at the targets available)")
       ->delimiter(',')
       ->check(CLI::Range(size_t{1}, size_t{16}));
-  app.add_option("--iterations", iterations_override,
+  app.add_option("--iterations", o.iterations_override,
                  "measured persists per cell (default: 10000 up to 4 KiB, 5000 up to 16 KiB, 3000 "
                  "above)");
-  app.add_option("--warmup", warmup, "unmeasured persists before each cell")->capture_default_str();
-  app.add_option("--json", json_path, "also write the results as JSON to FILE");
-  app.add_option("--scenario", scenario,
+  app.add_option("--warmup", o.warmup, "unmeasured persists before each cell")
+      ->capture_default_str();
+  app.add_option("--json", o.json_path, "also write the results as JSON to FILE");
+  app.add_option("--scenario", o.scenario,
                  "matrix: persist latency/throughput matrix; resync: full-resync throughput and "
                  "depth-1 persist latency while it runs (first target only)")
       ->check(CLI::IsMember({"matrix", "resync"}))
       ->capture_default_str();
-  app.add_option("--resync-rates", resync_rate_args,
+  app.add_option("--resync-rates", o.resync_rate_args,
                  "resync scenario: VolumeOptions::resync_rate of each pass (unlimited, 200MiB/s)")
       ->delimiter(',')
       ->capture_default_str();
-  app.add_option("--chunk-size", chunk_text, "resync scenario: bytes per dirty bit")
+  app.add_option("--chunk-size", o.chunk_text, "resync scenario: bytes per dirty bit")
       ->capture_default_str();
-  app.add_option("--resync-step", resync_step_text, "resync scenario: bytes copied per step")
+  app.add_option("--resync-step", o.resync_step_text, "resync scenario: bytes copied per step")
       ->capture_default_str();
-  app.add_option("--latency-size", latency_size_text,
+  app.add_option("--latency-size", o.latency_size_text,
                  "resync scenario: size of the depth-1 persists timed with and without a resync")
       ->capture_default_str();
-  app.add_flag("--skip-idle", skip_idle, "resync scenario: no resync without persists");
-  app.add_flag("--skip-reference", skip_reference,
+  app.add_flag("--skip-idle", o.skip_idle, "resync scenario: no resync without persists");
+  app.add_flag("--skip-reference", o.skip_reference,
                "resync scenario: do not write the volume with --resync-step persists as a "
                "reference (the 64 KiB x 32 prefill is always timed)");
-  app.add_option("--connect-timeout", connect_timeout_text,
+  app.add_option("--connect-timeout", o.connect_timeout_text,
                  "resync scenario: VolumeOptions::connect_timeout (e.g. 30s under TCG)")
       ->capture_default_str();
-  app.add_flag("--verbose", verbose,
+  app.add_flag("--verbose", o.verbose,
                "resync scenario: keep libpmirror's info log (state changes) on stdout");
-  CLI11_PARSE(app, argc, argv);
+}
 
-  auto fail = [](const std::string& what) {
-    std::fprintf(stderr, "pmirror-bench: %s\n", what.c_str());
-    return 1;
-  };
-  auto kind = transport::parse_kind(transport_name);
-  if (!kind.ok()) return fail("--transport: " + kind.status().message());
-  auto volume_size = config::parse_size(size_text);
-  if (!volume_size.ok()) return fail("--size: " + volume_size.status().message());
-  if (method_name != "auto" && method_name != "gpspm") return fail("--method: auto or gpspm");
+Status usage_error(const std::string& what) { return Status(Errc::kInvalidArgument, what); }
+
+// What the matrix needs from the command line, checked: the volume's size,
+// the record sizes, the deepest window. Fills in the default replica counts.
+struct MatrixPlan {
+  uint64_t volume_size = 0;
   std::vector<uint64_t> sizes;
-  for (const auto& text : size_args) {
-    auto size = config::parse_size(text);
-    if (!size.ok() || *size == 0) return fail("--sizes " + text + ": not a size");
-    sizes.push_back(*size);
+  uint32_t max_depth = 1;
+};
+
+Result<MatrixPlan> check_options(BenchOptions& o) {
+  MatrixPlan plan;
+  auto kind = transport::parse_kind(o.transport_name);
+  if (!kind.ok()) return usage_error("--transport: " + kind.status().message());
+  auto volume_size = config::parse_size(o.size_text);
+  if (!volume_size.ok()) return usage_error("--size: " + volume_size.status().message());
+  plan.volume_size = *volume_size;
+  if (o.method_name != "auto" && o.method_name != "gpspm") {
+    return usage_error("--method: auto or gpspm");
   }
-  const uint32_t max_depth = *std::max_element(depths.begin(), depths.end());
-  for (uint64_t size : sizes) {
-    if (*volume_size / size < 2ull * max_depth) {
-      return fail("--size " + size_text + " holds too few records of " + size_label(size) +
-                  " for " + std::to_string(max_depth) + " in flight");
+  for (const auto& text : o.size_args) {
+    auto size = config::parse_size(text);
+    if (!size.ok() || *size == 0) return usage_error("--sizes " + text + ": not a size");
+    plan.sizes.push_back(*size);
+  }
+  plan.max_depth = *std::max_element(o.depths.begin(), o.depths.end());
+  for (uint64_t size : plan.sizes) {
+    if (plan.volume_size / size < 2ull * plan.max_depth) {
+      return usage_error("--size " + o.size_text + " holds too few records of " + size_label(size) +
+                         " for " + std::to_string(plan.max_depth) + " in flight");
     }
   }
-  if (spawn_targets == 0 && replica_args.empty()) {
-    return fail(
+  if (!o.spawning() && o.replica_args.empty()) {
+    return usage_error(
         "give --spawn-targets N (self-contained) or --replica HOST:PORT (running "
         "targets); see --help");
   }
-  if (!replica_args.empty() && (secret.empty() || local_path.empty())) {
-    return fail("--replica needs --secret and --local");
+  if (!o.replica_args.empty() && (o.secret.empty() || o.local_path.empty())) {
+    return usage_error("--replica needs --secret and --local");
   }
   const size_t available =
-      spawn_targets > 0 ? static_cast<size_t>(spawn_targets) : replica_args.size();
-  if (replica_counts.empty()) {
-    for (size_t k = 1; k <= std::min<size_t>(2, available); ++k) replica_counts.push_back(k);
+      o.spawning() ? static_cast<size_t>(o.spawn_targets) : o.replica_args.size();
+  if (o.replica_counts.empty()) {
+    for (size_t k = 1; k <= std::min<size_t>(2, available); ++k) o.replica_counts.push_back(k);
   }
-  for (size_t k : replica_counts) {
+  for (size_t k : o.replica_counts) {
     if (k > available) {
-      return fail("--replicas-list asks for " + std::to_string(k) + " replicas but only " +
-                  std::to_string(available) + " target(s) are available");
+      return usage_error("--replicas-list asks for " + std::to_string(k) + " replicas but only " +
+                         std::to_string(available) + " target(s) are available");
     }
   }
+  return plan;
+}
 
-  std::signal(SIGINT, on_interrupt);
-  std::signal(SIGTERM, on_interrupt);
-  std::signal(SIGPIPE, SIG_IGN);
+// ----------------------------------------------------------------- targets
 
-  // Spawn mode: a work folder under --dir holding one folder per target and
-  // the local copy.
-  std::vector<std::unique_ptr<SpawnedTarget>> targets;
-  std::string work_dir;
-  struct RemoveWorkDir {
-    std::string* path;
-    bool* keep;
-    ~RemoveWorkDir() {
-      if (path->empty()) return;
-      if (*keep) {
-        std::printf("kept %s\n", path->c_str());
-        return;
+// The targets measured: pmirrord processes spawned into a work folder under
+// --dir (removed at the end unless --keep), or the --replica endpoints.
+class Targets {
+ public:
+  explicit Targets(bool keep) : keep_(keep) {}
+  ~Targets() {
+    spawned_.clear();  // stop the daemons before their folder goes
+    if (work_dir_.empty()) return;
+    if (keep_) {
+      std::printf("kept %s\n", work_dir_.c_str());
+      return;
+    }
+    std::error_code ignored;
+    std::filesystem::remove_all(work_dir_, ignored);
+  }
+  Targets(const Targets&) = delete;
+  Targets& operator=(const Targets&) = delete;
+
+  // Spawn mode sets the options' secret (random) and, when not given,
+  // the local copy's path (in the work folder).
+  Status set_up(BenchOptions& o, uint64_t volume_size) {
+    if (!o.spawning()) {
+      for (const auto& text : o.replica_args) {
+        PMIRROR_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(text));
+        endpoints_.push_back(endpoint);
       }
-      std::error_code ignored;
-      std::filesystem::remove_all(*path, ignored);
+      return Status::Ok();
     }
-  } remove_work_dir{&work_dir, &keep};
-  std::vector<Endpoint> endpoints;
-  if (spawn_targets > 0) {
-    if (::access(daemon_path.c_str(), X_OK) != 0) {
-      return fail("--pmirrord " + daemon_path + ": not an executable");
+    if (::access(o.daemon_path.c_str(), X_OK) != 0) {
+      return usage_error("--pmirrord " + o.daemon_path + ": not an executable");
     }
-    std::string pattern = data_dir + "/pmirror-bench.XXXXXX";
+    std::string pattern = o.data_dir + "/pmirror-bench.XXXXXX";
     std::vector<char> buffer(pattern.begin(), pattern.end());
     buffer.push_back('\0');
     if (::mkdtemp(buffer.data()) == nullptr) {
-      return fail("cannot create a work folder under --dir " + data_dir + ": " + strerror(errno));
+      return Status(Errc::kIoError, "cannot create a work folder under --dir " + o.data_dir + ": " +
+                                        strerror(errno));
     }
-    work_dir = buffer.data();
-    secret = random_secret();
-    if (local_path.empty()) local_path = work_dir + "/local.img";
-    for (int i = 0; i < spawn_targets; ++i) {
-      targets.push_back(std::make_unique<SpawnedTarget>(
-          daemon_path, work_dir + "/target" + std::to_string(i), address, transport_name));
-      if (i == 0 && !first_target_volume.empty())
-        targets.back()->set_volume_path(first_target_volume);
-      Status started = targets.back()->start(volume_name, *volume_size, identity, secret);
-      if (!started.ok())
-        return fail("starting target " + std::to_string(i) + ": " + started.message());
-      auto endpoint = parse_endpoint(targets.back()->endpoint());
-      endpoints.push_back(*endpoint);
+    work_dir_ = buffer.data();
+    o.secret = random_secret();
+    if (o.local_path.empty()) o.local_path = work_dir_ + "/local.img";
+    for (int i = 0; i < o.spawn_targets; ++i) {
+      spawned_.push_back(std::make_unique<SpawnedTarget>(
+          o.daemon_path, work_dir_ + "/target" + std::to_string(i), o.address, o.transport_name));
+      if (i == 0 && !o.first_target_volume.empty()) {
+        spawned_.back()->set_volume_path(o.first_target_volume);
+      }
+      Status started = spawned_.back()->start(o.volume_name, volume_size, o.identity, o.secret);
+      if (!started.ok()) {
+        return Status(started.code(),
+                      "starting target " + std::to_string(i) + ": " + started.message());
+      }
+      PMIRROR_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(spawned_.back()->endpoint()));
+      endpoints_.push_back(endpoint);
     }
-  } else {
-    for (const auto& text : replica_args) {
-      auto endpoint = parse_endpoint(text);
-      if (!endpoint.ok()) return fail(endpoint.status().message());
-      endpoints.push_back(*endpoint);
-    }
+    return Status::Ok();
   }
 
-  Json facts = machine_facts();
-  const std::string load_before = load_average();
-  if (scenario == "resync") {
-    // libpmirror logs every state change at info; keep the table readable.
-    if (!verbose) spdlog::set_level(spdlog::level::warn);
-    ResyncSettings settings;
-    for (const auto& text : resync_rate_args) {
-      std::string t = text;
-      if (t != "unlimited" && t != "0" && (t.size() < 2 || t.substr(t.size() - 2) != "/s")) {
-        t += "/s";
-      }
-      auto rate = config::parse_rate(t);
-      if (!rate.ok()) return fail("--resync-rates: " + rate.status().message());
-      settings.rates.push_back(*rate);
+  const std::vector<Endpoint>& endpoints() const { return endpoints_; }
+  const std::string& work_dir() const { return work_dir_; }
+
+ private:
+  bool keep_;
+  std::string work_dir_;
+  std::vector<std::unique_ptr<SpawnedTarget>> spawned_;
+  std::vector<Endpoint> endpoints_;
+};
+
+int fail(const std::string& what) {
+  std::fprintf(stderr, "pmirror-bench: %s\n", what.c_str());
+  return 1;
+}
+
+Status write_json_file(const std::string& path, const Json& out) {
+  std::ofstream file(path);
+  file << out.dump(2) << "\n";
+  if (!file) return Status(Errc::kIoError, "cannot write --json " + path);
+  std::printf("wrote %s\n", path.c_str());
+  return Status::Ok();
+}
+
+// What the run says about where it ran, printed and in the JSON.
+struct RunContext {
+  Json facts;
+  std::string load_before;
+};
+
+// ----------------------------------------------------------- the scenarios
+
+// --scenario resync (first target only).
+int run_resync_main(const BenchOptions& o, uint64_t volume_size, const Targets& targets,
+                    const RunContext& run) {
+  // libpmirror logs every state change at info; keep the table readable.
+  if (!o.verbose) log::set_level(spdlog::level::warn);
+  ResyncSettings settings;
+  for (const auto& text : o.resync_rate_args) {
+    std::string t = text;
+    if (t != "unlimited" && t != "0" && (t.size() < 2 || t.substr(t.size() - 2) != "/s")) {
+      t += "/s";
     }
-    auto chunk = config::parse_size(chunk_text);
-    auto step = config::parse_size(resync_step_text);
-    auto record = config::parse_size(latency_size_text);
-    if (!chunk.ok()) return fail("--chunk-size: " + chunk.status().message());
-    if (!step.ok() || *step == 0) return fail("--resync-step: not a size");
-    if (!record.ok() || *record == 0 || *record > *volume_size / 2) {
-      return fail("--latency-size: not a size, or too large for the volume");
-    }
-    VolumeOptions& o = settings.base;
-    o.name = volume_name;
-    o.local_path = local_path;
-    o.size = *volume_size;
-    o.create = true;
-    o.identity = identity;
-    o.method = method_name == "gpspm" ? MethodPreference::kGpspm : MethodPreference::kAuto;
-    o.max_in_flight = 32;
-    o.chunk_size = *chunk;
-    o.resync_step = *step;
-    o.replicas.push_back({endpoints[0].host, endpoints[0].port, transport_name, secret, ""});
-    auto connect_timeout = config::parse_duration(connect_timeout_text);
-    if (!connect_timeout.ok() || connect_timeout->count() == 0) {
-      return fail("--connect-timeout: a duration such as 5s");
-    }
-    o.connect_timeout = *connect_timeout;
-    settings.record = *record;
-    settings.warmup = warmup;
-    settings.iterations = iterations_override.value_or(5000);
-    settings.idle = !skip_idle;
-    settings.reference = !skip_reference;
-    const std::string peer = endpoints[0].host + ":" + std::to_string(endpoints[0].port);
-    std::string fs = filesystem_of(spawn_targets > 0 ? work_dir : volume_dir_of(local_path));
-    std::printf(
-        "pmirror-bench --scenario resync: %s, target %s (%s), volume %s, local copy %s (%s)\n",
-        transport_name.c_str(), peer.c_str(), spawn_targets > 0 ? "spawned" : "given",
-        size_text.c_str(), local_path.c_str(), fs.c_str());
-    std::printf("chunk %s, resync step %s, full resyncs; persists: %s at depth 1\n",
-                size_label(*chunk).c_str(), size_label(*step).c_str(), size_label(*record).c_str());
-    std::printf("machine: %s, %s, %s cores; load %s\n",
-                facts["cpu_model"].get<std::string>().c_str(),
-                facts["kernel"].get<std::string>().c_str(),
-                std::to_string(facts["nproc"].get<unsigned>()).c_str(), load_before.c_str());
-    std::printf(
-        "copied/seconds/MiB/s: the resync, from Volume::resync() until status_json() counts it "
-        "done; lib MiB/s: its own rate_bytes_per_s; latency in microseconds\n\n");
-    auto results = run_resync_scenario(settings, peer);
-    if (!results.ok()) return fail(results.status().message());
-    std::string load_after = load_average();
-    std::printf("target method: %s; load average before %s, after %s\n", results->method.c_str(),
-                load_before.c_str(), load_after.c_str());
-    if (!json_path.empty()) {
-      Json out = resync_json(*results);
-      out["machine"] = facts;
-      out["machine"]["load_average_before"] = load_before;
-      out["machine"]["load_average_after"] = load_after;
-      out["setup"] = Json{{"scenario", "resync"},
-                          {"transport", transport_name},
-                          {"mode", spawn_targets > 0 ? "spawn" : "replica"},
-                          {"target", peer},
-                          {"target_volume", first_target_volume},
-                          {"data_dir", spawn_targets > 0 ? data_dir : volume_dir_of(local_path)},
-                          {"data_fs", fs},
-                          {"volume_size", *volume_size},
-                          {"chunk_size", *chunk},
-                          {"resync_step", *step},
-                          {"latency_size", *record},
-                          {"warmup", warmup},
-                          {"iterations", settings.iterations}};
-      std::ofstream file(json_path);
-      file << out.dump(2) << "\n";
-      if (!file) return fail("cannot write --json " + json_path);
-      std::printf("wrote %s\n", json_path.c_str());
-    }
-    return 0;
+    auto rate = config::parse_rate(t);
+    if (!rate.ok()) return fail("--resync-rates: " + rate.status().message());
+    settings.rates.push_back(*rate);
   }
-  std::string volume_dir = std::filesystem::path(local_path).parent_path().string();
+  auto chunk = config::parse_size(o.chunk_text);
+  auto step = config::parse_size(o.resync_step_text);
+  auto record = config::parse_size(o.latency_size_text);
+  if (!chunk.ok()) return fail("--chunk-size: " + chunk.status().message());
+  if (!step.ok() || *step == 0) return fail("--resync-step: not a size");
+  if (!record.ok() || *record == 0 || *record > volume_size / 2) {
+    return fail("--latency-size: not a size, or too large for the volume");
+  }
+  const Endpoint& first = targets.endpoints()[0];
+  VolumeOptions& v = settings.base;
+  v.name = o.volume_name;
+  v.local_path = o.local_path;
+  v.size = volume_size;
+  v.create = true;
+  v.identity = o.identity;
+  v.method = o.method();
+  v.max_in_flight = 32;
+  v.chunk_size = *chunk;
+  v.resync_step = *step;
+  v.replicas.push_back({first.host, first.port, o.transport_name, o.secret, ""});
+  auto connect_timeout = config::parse_duration(o.connect_timeout_text);
+  if (!connect_timeout.ok() || connect_timeout->count() == 0) {
+    return fail("--connect-timeout: a duration such as 5s");
+  }
+  v.connect_timeout = *connect_timeout;
+  settings.record = *record;
+  settings.warmup = o.warmup;
+  settings.iterations = o.iterations_override.value_or(5000);
+  settings.idle = !o.skip_idle;
+  settings.reference = !o.skip_reference;
+  const std::string peer = first.host + ":" + std::to_string(first.port);
+  std::string fs = filesystem_of(o.spawning() ? targets.work_dir() : volume_dir_of(o.local_path));
+  std::printf(
+      "pmirror-bench --scenario resync: %s, target %s (%s), volume %s, local copy %s (%s)\n",
+      o.transport_name.c_str(), peer.c_str(), o.spawning() ? "spawned" : "given",
+      o.size_text.c_str(), o.local_path.c_str(), fs.c_str());
+  std::printf("chunk %s, resync step %s, full resyncs; persists: %s at depth 1\n",
+              size_label(*chunk).c_str(), size_label(*step).c_str(), size_label(*record).c_str());
+  std::printf("machine: %s, %s, %s cores; load %s\n",
+              run.facts["cpu_model"].get<std::string>().c_str(),
+              run.facts["kernel"].get<std::string>().c_str(),
+              std::to_string(run.facts["nproc"].get<unsigned>()).c_str(), run.load_before.c_str());
+  std::printf(
+      "copied/seconds/MiB/s: the resync, from Volume::resync() until status_json() counts it "
+      "done; lib MiB/s: its own rate_bytes_per_s; latency in microseconds\n\n");
+  auto results = run_resync_scenario(settings, peer);
+  if (!results.ok()) return fail(results.status().message());
+  std::string load_after = load_average();
+  std::printf("target method: %s; load average before %s, after %s\n", results->method.c_str(),
+              run.load_before.c_str(), load_after.c_str());
+  if (o.json_path.empty()) return 0;
+  Json out = resync_json(*results);
+  out["machine"] = run.facts;
+  out["machine"]["load_average_before"] = run.load_before;
+  out["machine"]["load_average_after"] = load_after;
+  out["setup"] = Json{{"scenario", "resync"},
+                      {"transport", o.transport_name},
+                      {"mode", o.spawning() ? "spawn" : "replica"},
+                      {"target", peer},
+                      {"target_volume", o.first_target_volume},
+                      {"data_dir", o.spawning() ? o.data_dir : volume_dir_of(o.local_path)},
+                      {"data_fs", fs},
+                      {"volume_size", volume_size},
+                      {"chunk_size", *chunk},
+                      {"resync_step", *step},
+                      {"latency_size", *record},
+                      {"warmup", o.warmup},
+                      {"iterations", settings.iterations}};
+  Status written = write_json_file(o.json_path, out);
+  return written.ok() ? 0 : fail(written.message());
+}
+
+// The matrix's results, for the JSON.
+struct MatrixResults {
+  std::map<uint64_t, PingPong> ping_pongs;
+  std::vector<Cell> cells;
+  Json methods = Json::array();
+};
+
+Json matrix_json(const BenchOptions& o, const MatrixPlan& plan, const Targets& targets,
+                 const RunContext& run, const std::string& load_after,
+                 const std::string& volume_dir, const std::string& fs, MatrixResults& r) {
+  Json out;
+  out["machine"] = run.facts;
+  out["machine"]["load_average_before"] = run.load_before;
+  out["machine"]["load_average_after"] = load_after;
+  out["setup"] = Json{{"transport", o.transport_name},
+                      {"mode", o.spawning() ? "spawn" : "replica"},
+                      {"targets", targets.endpoints().size()},
+                      {"address", o.spawning() ? o.address : ""},
+                      {"data_dir", o.spawning() ? o.data_dir : volume_dir},
+                      {"data_fs", fs},
+                      {"volume_size", plan.volume_size},
+                      {"warmup", o.warmup},
+                      {"methods", r.methods}};
+  out["ping_pong"] = Json::array();
+  for (const auto& [size, pp] : r.ping_pongs) {
+    Json row = summary_json(pp.rtt);
+    row["size"] = size;
+    row["round_trips_per_s"] = pp.rtt.count / pp.seconds;
+    out["ping_pong"].push_back(row);
+  }
+  out["persist"] = Json::array();
+  for (const auto& cell : r.cells) {
+    const Summary& rtt = r.ping_pongs[cell.size].rtt;
+    Json row = summary_json(cell.latency);
+    row["size"] = cell.size;
+    row["replicas"] = cell.replicas;
+    row["depth"] = cell.depth;
+    row["api"] = cell.depth == 1 ? "persist" : "persist_async";
+    row["seconds"] = cell.seconds;
+    row["persists_per_s"] = cell.persists_per_second();
+    row["mib_per_s"] = cell.mib_per_second();
+    row["tcp_rtt_p50_us"] = rtt.p50;
+    row["p50_over_tcp_rtt_p50"] = rtt.p50 > 0 ? cell.latency.p50 / rtt.p50 : 0.0;
+    out["persist"].push_back(row);
+  }
+  return out;
+}
+
+// --scenario matrix: sizes x replica counts x depths, next to a TCP
+// ping-pong of each size.
+int run_matrix_main(const BenchOptions& o, const MatrixPlan& plan, const Targets& targets,
+                    const RunContext& run) {
+  const auto& endpoints = targets.endpoints();
+  std::string volume_dir = std::filesystem::path(o.local_path).parent_path().string();
   if (volume_dir.empty()) volume_dir = ".";
-  std::string fs = filesystem_of(spawn_targets > 0 ? work_dir : volume_dir);
-  std::printf("pmirror-bench: %s, %zu target(s) %s, volume %s (%s)\n", transport_name.c_str(),
-              endpoints.size(), spawn_targets > 0 ? ("spawned on " + address).c_str() : "given",
-              size_text.c_str(),
-              spawn_targets > 0 ? ("files in " + data_dir + ", " + fs).c_str()
-                                : ("local copy " + local_path + ", " + fs).c_str());
-  std::printf("machine: %s, %s, %s cores\n", facts["cpu_model"].get<std::string>().c_str(),
-              facts["kernel"].get<std::string>().c_str(),
-              std::to_string(facts["nproc"].get<unsigned>()).c_str());
+  std::string fs = filesystem_of(o.spawning() ? targets.work_dir() : volume_dir);
+  std::printf("pmirror-bench: %s, %zu target(s) %s, volume %s (%s)\n", o.transport_name.c_str(),
+              endpoints.size(), o.spawning() ? ("spawned on " + o.address).c_str() : "given",
+              o.size_text.c_str(),
+              o.spawning() ? ("files in " + o.data_dir + ", " + fs).c_str()
+                           : ("local copy " + o.local_path + ", " + fs).c_str());
+  std::printf("machine: %s, %s, %s cores\n", run.facts["cpu_model"].get<std::string>().c_str(),
+              run.facts["kernel"].get<std::string>().c_str(),
+              std::to_string(run.facts["nproc"].get<unsigned>()).c_str());
   std::printf(
       "latency in microseconds; depth 1 = persist(), depth D = persist_async() with D "
       "in flight\n\n");
 
-  std::map<uint64_t, PingPong> ping_pongs;
-  std::vector<Cell> cells;
-  Json methods = Json::array();
+  MatrixResults r;
   uint64_t counter = 0;
   const int kWidth = 118;
   std::printf("%9s %4s %5s %6s %9s %9s %9s %9s %10s %9s %10s %7s\n", "size", "repl", "depth",
               "iters", "p50", "p99", "p99.9", "max", "persists/s", "MiB/s", "tcp rtt50", "x rtt");
   print_rule(kWidth);
-  for (size_t replicas : replica_counts) {
+  for (size_t replicas : o.replica_counts) {
     VolumeOptions options;
-    options.name = volume_name;
-    options.local_path = local_path;
-    options.size = *volume_size;
+    options.name = o.volume_name;
+    options.local_path = o.local_path;
+    options.size = plan.volume_size;
     options.create = true;
-    options.identity = identity;
-    options.method = method_name == "gpspm" ? MethodPreference::kGpspm : MethodPreference::kAuto;
-    options.max_in_flight = max_depth;
+    options.identity = o.identity;
+    options.method = o.method();
+    options.max_in_flight = plan.max_depth;
     for (size_t i = 0; i < replicas; ++i) {
       options.replicas.push_back(
-          {endpoints[i].host, endpoints[i].port, transport_name, secret, ""});
+          {endpoints[i].host, endpoints[i].port, o.transport_name, o.secret, ""});
     }
     // A target releases the previous run's writer claim once it has seen
     // that session end, which may be a moment after our Volume closed it.
-    auto volume = Volume::open(options);
-    for (int retry = 0; retry < 100 && !volume.ok() && volume.status().code() == Errc::kBusy;
-         ++retry) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      volume = Volume::open(options);
-    }
+    auto volume = open_with_retry(options);
     if (!volume.ok()) return fail(volume.status().message());
-    for (const auto& r : (*volume)->replicas()) {
-      methods.push_back(Json{{"replicas", replicas}, {"target", r.address}, {"method", r.method}});
+    for (const auto& replica : (*volume)->replicas()) {
+      r.methods.push_back(
+          Json{{"replicas", replicas}, {"target", replica.address}, {"method", replica.method}});
     }
     Status filled = prefill(**volume);
     if (!filled.ok()) return fail(filled.message());
-    for (uint64_t size : sizes) {
-      uint64_t iterations = iterations_override.value_or(default_iterations(size));
-      if (!ping_pongs.contains(size)) {
+    for (uint64_t size : plan.sizes) {
+      uint64_t iterations = o.iterations_override.value_or(default_iterations(size));
+      if (!r.ping_pongs.contains(size)) {
         PingPong pp;
-        auto rtt = tcp_ping_pong(size, warmup, iterations, pp.seconds);
+        auto rtt = tcp_ping_pong(size, o.warmup, iterations, pp.seconds);
         if (!rtt.ok()) return fail(rtt.status().message());
         pp.rtt = *rtt;
-        ping_pongs[size] = pp;
+        r.ping_pongs[size] = pp;
         std::printf("%9s %4s %5s %6llu %9.1f %9.1f %9.1f %9.1f %10.0f %9.1f %10s %7s\n",
                     size_label(size).c_str(), "tcp", "1",
                     static_cast<unsigned long long>(iterations), pp.rtt.p50, pp.rtt.p99,
@@ -1186,10 +1287,10 @@ int main(int argc, char** argv) {
                     pp.rtt.count / pp.seconds * static_cast<double>(size) / (1024.0 * 1024.0),
                     "(ping-pong)", "");
       }
-      for (uint32_t depth : depths) {
-        auto cell = run_cell(**volume, replicas, size, depth, warmup, iterations, counter);
+      for (uint32_t depth : o.depths) {
+        auto cell = run_cell(**volume, replicas, size, depth, o.warmup, iterations, counter);
         if (!cell.ok()) return fail(cell.status().message());
-        const PingPong& pp = ping_pongs[size];
+        const PingPong& pp = r.ping_pongs[size];
         // The ratio is shown for depth 1 only: deeper windows add queueing
         // to each op's latency by design (the JSON has it for every cell).
         char ratio[16] = "-";
@@ -1202,12 +1303,12 @@ int main(int argc, char** argv) {
                     cell->latency.p99, cell->latency.p999, cell->latency.max,
                     cell->persists_per_second(), cell->mib_per_second(), pp.rtt.p50, ratio);
         std::fflush(stdout);
-        cells.push_back(*cell);
+        r.cells.push_back(*cell);
       }
     }
     print_rule(kWidth);
   }
-  for (const auto& m : methods) {
+  for (const auto& m : r.methods) {
     std::printf("replicas=%d: %s uses %s\n", m["replicas"].get<int>(),
                 m["target"].get<std::string>().c_str(), m["method"].get<std::string>().c_str());
   }
@@ -1216,49 +1317,36 @@ int main(int argc, char** argv) {
       "x rtt = persist p50 / tcp rtt50 (depth 1 only)\n");
   std::string load_after = load_average();
   std::printf("load average before %s, after %s (other work on the machine skews the tails)\n",
-              load_before.c_str(), load_after.c_str());
+              run.load_before.c_str(), load_after.c_str());
+  if (o.json_path.empty()) return 0;
+  Status written = write_json_file(
+      o.json_path, matrix_json(o, plan, targets, run, load_after, volume_dir, fs, r));
+  return written.ok() ? 0 : fail(written.message());
+}
 
-  if (!json_path.empty()) {
-    Json out;
-    out["machine"] = facts;
-    out["machine"]["load_average_before"] = load_before;
-    out["machine"]["load_average_after"] = load_after;
-    out["setup"] = Json{{"transport", transport_name},
-                        {"mode", spawn_targets > 0 ? "spawn" : "replica"},
-                        {"targets", endpoints.size()},
-                        {"address", spawn_targets > 0 ? address : ""},
-                        {"data_dir", spawn_targets > 0 ? data_dir : volume_dir},
-                        {"data_fs", fs},
-                        {"volume_size", *volume_size},
-                        {"warmup", warmup},
-                        {"methods", methods}};
-    out["ping_pong"] = Json::array();
-    for (const auto& [size, pp] : ping_pongs) {
-      Json row = summary_json(pp.rtt);
-      row["size"] = size;
-      row["round_trips_per_s"] = pp.rtt.count / pp.seconds;
-      out["ping_pong"].push_back(row);
-    }
-    out["persist"] = Json::array();
-    for (const auto& cell : cells) {
-      Json row = summary_json(cell.latency);
-      row["size"] = cell.size;
-      row["replicas"] = cell.replicas;
-      row["depth"] = cell.depth;
-      row["api"] = cell.depth == 1 ? "persist" : "persist_async";
-      row["seconds"] = cell.seconds;
-      row["persists_per_s"] = cell.persists_per_second();
-      row["mib_per_s"] = cell.mib_per_second();
-      row["tcp_rtt_p50_us"] = ping_pongs[cell.size].rtt.p50;
-      row["p50_over_tcp_rtt_p50"] = ping_pongs[cell.size].rtt.p50 > 0
-                                        ? cell.latency.p50 / ping_pongs[cell.size].rtt.p50
-                                        : 0.0;
-      out["persist"].push_back(row);
-    }
-    std::ofstream file(json_path);
-    file << out.dump(2) << "\n";
-    if (!file) return fail("cannot write --json " + json_path);
-    std::printf("wrote %s\n", json_path.c_str());
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "pmirror-bench: persist latency and throughput of libpmirror over sizes x replicas x "
+      "persists in flight, next to a plain TCP ping-pong of the same sizes"};
+  BenchOptions options;
+  add_options(app, options);
+  CLI11_PARSE(app, argc, argv);
+  auto plan = check_options(options);
+  if (!plan.ok()) return fail(plan.status().message());
+
+  std::signal(SIGINT, on_interrupt);
+  std::signal(SIGTERM, on_interrupt);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  Targets targets(options.keep);
+  if (Status ready = targets.set_up(options, plan->volume_size); !ready.ok()) {
+    return fail(ready.message());
   }
-  return 0;
+  const RunContext run{machine_facts(), load_average()};
+  if (options.scenario == "resync") {
+    return run_resync_main(options, plan->volume_size, targets, run);
+  }
+  return run_matrix_main(options, *plan, targets, run);
 }

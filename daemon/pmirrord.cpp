@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/fault.h"
+#include "common/log.h"
 #include "common/rfc3339.h"
 #include "config/config.h"
 #include "control/control.h"
@@ -27,9 +28,9 @@ constexpr int kExitConfig = 2;
 constexpr int kExitStart = 3;
 
 bool apply_log_level(const std::string& name) {
-  auto level = spdlog::level::from_str(name);
-  if (level == spdlog::level::off && name != "off") return false;
-  spdlog::set_level(level);
+  auto level = pmirror::log::parse_level(name);
+  if (!level) return false;
+  pmirror::log::set_level(*level);
   return true;
 }
 
@@ -55,9 +56,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   auto console = spdlog::stderr_color_mt("pmirrord");
-  spdlog::set_default_logger(console);
   // journald adds its own time stamps and knows the unit; keep lines short.
-  spdlog::set_pattern(foreground ? "%Y-%m-%d %H:%M:%S.%e %^%l%$ %v" : "%l: %v");
+  console->set_pattern(foreground ? "%Y-%m-%d %H:%M:%S.%e %^%l%$ %v" : "%l: %v");
+  spdlog::set_default_logger(console);
+  pmirror::log::set(console);  // what lib/ logs goes there too
 
   // Every problem is printed, one per line; exit 2 on any of them.
   auto config_error = [](const pmirror::Status& status) {

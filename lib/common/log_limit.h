@@ -5,9 +5,9 @@
 // lines whatever its size. Not thread-safe: one per thread or under a lock.
 //
 //   LogLimiter refused(std::chrono::seconds(10), 5);
-//   if (refused.count()) spdlog::warn("{}: refused: ...", who);
+//   if (refused.count()) log::warn("{}: refused: ...", who);
 //   ...
-//   if (auto n = refused.unreported()) spdlog::warn("... {} more refused in the last 10 s", n);
+//   if (auto n = refused.unreported()) log::warn("... {} more refused in the last 10 s", n);
 #pragma once
 
 #include <chrono>

@@ -4,7 +4,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -23,6 +22,7 @@
 #include <system_error>
 #include <thread>
 
+#include "common/log.h"
 #include "common/log_limit.h"
 #include "common/unique_fd.h"
 
@@ -441,8 +441,8 @@ class Server::Impl {
       spare_ = UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     }
     if (accept_errors_.count()) {
-      spdlog::warn("control socket {}: accept: {}; pausing {} ms", path_, std::strerror(err),
-                   kAcceptPause.count());
+      log::warn("control socket {}: accept: {}; pausing {} ms", path_, std::strerror(err),
+                kAcceptPause.count());
     }
     paused_ = true;
   }
@@ -467,7 +467,7 @@ class Server::Impl {
                std::chrono::steady_clock::now());
       ::shutdown(c->fd.get(), SHUT_RDWR);
       if (evictions_.count()) {
-        spdlog::warn(
+        log::warn(
             "control socket {}: {} connections open; closed the oldest idle one to make "
             "room (idle ones are closed after {} ms anyway)",
             path_, options_.max_connections, options_.idle_timeout.count());
@@ -480,11 +480,11 @@ class Server::Impl {
   void accept_loop() {
     while (!stopping_.load()) {
       if (uint64_t n = accept_errors_.unreported())
-        spdlog::warn("control socket {}: accept failed {} more time(s) in the last {} s", path_, n,
-                     kControlLogInterval.count());
+        log::warn("control socket {}: accept failed {} more time(s) in the last {} s", path_, n,
+                  kControlLogInterval.count());
       if (uint64_t n = evictions_.unreported())
-        spdlog::warn("control socket {}: closed {} more idle connection(s) in the last {} s", path_,
-                     n, kControlLogInterval.count());
+        log::warn("control socket {}: closed {} more idle connection(s) in the last {} s", path_, n,
+                  kControlLogInterval.count());
       // While paused, only the wake pipe is watched.
       pollfd fds[2] = {{wake_read_.get(), POLLIN, 0}, {listen_fd_.get(), POLLIN, 0}};
       int ready =

@@ -19,7 +19,7 @@
 //         if (request["command"] == "status") return my_status_json();
 //         return control::unknown_command(request);
 //       });
-//   if (!server.ok()) spdlog::warn("{}", server.status().message());
+//   if (!server.ok()) log::warn("{}", server.status().message());
 //   ...
 //   (*server)->publish({{"time", ...}, {"volume", "db0"}, {"from", ...}, ...});
 //

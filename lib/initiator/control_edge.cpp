@@ -1,6 +1,5 @@
 #include "initiator/control_edge.h"
 
-#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <map>
@@ -8,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <shared_mutex>
 
+#include "common/log.h"
 #include "common/rfc3339.h"
 #include "common/version.h"
 #include "control/control.h"
@@ -180,7 +180,7 @@ class Registry {
                                          });
     if (!server.ok()) {
       // Status is a convenience: the volume works without it.
-      spdlog::warn(
+      log::warn(
           "libpmirror: no control socket, `pmirrorctl status` will not see this "
           "process: {}",
           server.status().message());

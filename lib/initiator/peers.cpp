@@ -1,9 +1,8 @@
 #include "initiator/peers.h"
 
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
 
+#include "common/log.h"
 #include "initiator/sync_decision.h"
 
 namespace pmirror::initiator {
@@ -101,18 +100,18 @@ void Peers::ensure_tracked(Peer& peer) {
   }
   auto bumped = core_.meta->new_generation();
   if (!bumped.ok()) {
-    spdlog::error("volume {}: starting a new generation for replica {}: {}", core_.options.name,
-                  peer.label, bumped.status().to_string());
+    log::error("volume {}: starting a new generation for replica {}: {}", core_.options.name,
+               peer.label, bumped.status().to_string());
     return;
   }
-  spdlog::info("volume {}: replica {} left behind; generation is now {}", core_.options.name,
-               peer.label, generation_hex(*bumped));
+  log::info("volume {}: replica {} left behind; generation is now {}", core_.options.name,
+            peer.label, generation_hex(*bumped));
 }
 
 void Peers::mark_dirty(Peer& peer, uint64_t offset, uint64_t length) {
   if (auto marked = core_.meta->mark(peer.meta_index, offset, length); !marked.ok()) {
     // The local copy is still right; only an exact resync is at stake.
-    spdlog::error(
+    log::error(
         "volume {}: recording [{}, +{}) dirty for {}: {}; a full resync will be "
         "needed",
         core_.options.name, offset, length, peer.label, marked.status().to_string());
@@ -202,8 +201,8 @@ std::optional<ResyncNeeded> Peers::begin_session(Peer& peer, std::unique_ptr<Rep
       peer.meta_index < recorded.size() ? recorded[peer.meta_index] : metadata::PeerInfo{};
   metadata::Generations ours = core_.meta->info().generations;
   SyncDecision decision = decide_sync(ours, info, remote, core_.options.overwrite_split_brain);
-  spdlog::info("volume {}: replica {}: {} ({})", core_.options.name, peer.label,
-               sync_action_name(decision.action), decision.reason);
+  log::info("volume {}: replica {}: {} ({})", core_.options.name, peer.label,
+            sync_action_name(decision.action), decision.reason);
   switch (decision.action) {
     case SyncAction::kPeerNewer:
       session.close();

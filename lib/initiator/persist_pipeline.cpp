@@ -1,9 +1,9 @@
 #include "initiator/persist_pipeline.h"
 
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <vector>
+
+#include "common/log.h"
 
 namespace pmirror::initiator {
 
@@ -81,8 +81,8 @@ Status PersistPipeline::wait(std::unique_lock<std::mutex>& lock, uint64_t sequen
                         std::to_string(required) + " replicas required: " + problems);
     }
     // on_insufficient: block -- until enough replicas are back in sync.
-    spdlog::debug("volume {}: persist {} waits for replicas: {}", core_.options.name, sequence,
-                  problems);
+    log::debug("volume {}: persist {} waits for replicas: {}", core_.options.name, sequence,
+               problems);
     core_.sync_changed.wait_for(lock, std::chrono::milliseconds(500));
   }
   ledger_.acknowledge(sequence);

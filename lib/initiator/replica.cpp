@@ -1,11 +1,10 @@
 #include "initiator/replica.h"
 
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <thread>
 
 #include "auth/auth.h"
+#include "common/log.h"
 
 namespace pmirror::initiator {
 namespace {
@@ -137,8 +136,8 @@ Status Replica::handshake(const Setup& setup) {
                            connection_->register_memory(flush_buffer_.data(), flush_buffer_.size(),
                                                         transport::kLocalOnly));
   last_heard_ = last_sent_ = Clock::now();
-  spdlog::debug("replica {}: session open, method {}, generation {}, last sequence {}", label_,
-                apm_ ? "apm" : "gpspm", generation_, remote_last_sequence_);
+  log::debug("replica {}: session open, method {}, generation {}, last sequence {}", label_,
+             apm_ ? "apm" : "gpspm", generation_, remote_last_sequence_);
   return Status::Ok();
 }
 
@@ -146,7 +145,7 @@ Status Replica::fail(Status why) {
   if (state_ == ReplicaState::kConnected) {
     state_ = ReplicaState::kFailed;
     error_ = why.with_context("replica " + label_);
-    spdlog::warn("{}", error_.message());
+    log::warn("{}", error_.message());
     if (connection_) connection_->shutdown();
   }
   return error_.ok() ? Status(Errc::kClosed, "replica " + label_ + " is closed") : error_;

@@ -1,9 +1,9 @@
 #include "initiator/resyncer.h"
 
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <cmath>
+
+#include "common/log.h"
 
 namespace pmirror::initiator {
 
@@ -126,8 +126,8 @@ void Resyncer::complete_copy(Peer& peer, Job& job) {
   }
   for (uint64_t chunk = job.copy_first; chunk < job.copy_first + job.copy_run; ++chunk) {
     if (Status cleared = core_.meta->clear(peer.meta_index, chunk); !cleared.ok()) {
-      spdlog::error("volume {}: clearing chunk {} for {}: {}", core_.options.name, chunk,
-                    peer.label, cleared.to_string());
+      log::error("volume {}: clearing chunk {} for {}: {}", core_.options.name, chunk, peer.label,
+                 cleared.to_string());
     }
   }
   job.done_bytes += job.copy_length;
@@ -146,8 +146,7 @@ void Resyncer::finish(Peer& peer, uint64_t generation) {
     return;
   }
   if (Status untracked = core_.meta->untrack_peer(peer.meta_index); !untracked.ok()) {
-    spdlog::warn("volume {}: replica {}: {}", core_.options.name, peer.label,
-                 untracked.to_string());
+    log::warn("volume {}: replica {}: {}", core_.options.name, peer.label, untracked.to_string());
   }
   job.active = false;
   ++job.resyncs;

@@ -1,12 +1,11 @@
 #include "initiator/verifier.h"
 
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <span>
 #include <thread>
 #include <unordered_map>
 
+#include "common/log.h"
 #include "protocol/protocol.h"
 
 namespace pmirror::initiator {
@@ -202,9 +201,8 @@ VerifyPeerResult Verifier::verify_peer(Peer& peer, bool mark_dirty) {
       core_.supervisor_wakeup.wake();
     }
   }
-  spdlog::info("volume {}: verify of {}: {} chunks compared, {} differ, {} busy",
-               core_.options.name, peer.label, result.chunks_compared, confirmed.size(),
-               suspects.size());
+  log::info("volume {}: verify of {}: {} chunks compared, {} differ, {} busy", core_.options.name,
+            peer.label, result.chunks_compared, confirmed.size(), suspects.size());
   return result;
 }
 

@@ -11,13 +11,13 @@
 //   volume_supervisor the thread: reconnects, progress, resync steps, pings
 //   control_edge      pmirrorctl's socket, and all of libpmirror's JSON
 // All of them share the volume mutex (volume_core.h).
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cstring>
 #include <future>
 #include <thread>
 
+#include "common/log.h"
 #include "config/config.h"
 #include "initiator/control_edge.h"
 #include "initiator/initiator.h"
@@ -118,7 +118,7 @@ Result<std::unique_ptr<Volume>> Volume::open(const VolumeOptions& options) {
     auto recovered = (*meta)->recover_activity_log();
     if (!recovered.ok())
       return recovered.status().with_context("metadata of '" + options.name + "'");
-    spdlog::warn(
+    log::warn(
         "volume {}: the last session did not close cleanly; {} extents of its activity "
         "log will be resynced",
         options.name, recovered->size());
@@ -126,15 +126,15 @@ Result<std::unique_ptr<Volume>> Volume::open(const VolumeOptions& options) {
   PMIRROR_RETURN_IF_ERROR((*meta)->set_clean(false));
   if (info.generations.current == 0) {
     PMIRROR_ASSIGN_OR_RETURN(uint64_t first, (*meta)->new_generation());
-    spdlog::info("volume {}: new copy, generation {}", options.name, generation_hex(first));
+    log::info("volume {}: new copy, generation {}", options.name, generation_hex(first));
   }
   auto impl = std::make_unique<Impl>(options, std::move(local).value(), std::move(meta).value());
   VolumeCore& core = impl->core;
 
   auto sink = [](const supervisor::StateChange& change) {
-    spdlog::info("volume {}: replica {}: {} -> {}{}{}", change.volume, change.peer,
-                 supervisor::state_name(change.from), supervisor::state_name(change.to),
-                 change.reason.empty() ? "" : ": ", change.reason);
+    log::info("volume {}: replica {}: {} -> {}{}{}", change.volume, change.peer,
+              supervisor::state_name(change.from), supervisor::state_name(change.to),
+              change.reason.empty() ? "" : ": ", change.reason);
     publish_event(change);
   };
   for (const auto& spec : options.replicas) {

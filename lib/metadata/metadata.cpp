@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <libpmemobj.h>
-#include <spdlog/spdlog.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,6 +15,7 @@
 #include <random>
 #include <string_view>
 
+#include "common/log.h"
 #include "state/pool_file.h"
 
 namespace pmirror::metadata {
@@ -498,9 +498,8 @@ Result<std::unique_ptr<CopyMetadata>> CopyMetadata::open(const Options& options)
   for (size_t i = 0; i < kMaxPeers; ++i) {
     PeerRecord& p = r->peers[i];
     if (p.in_use == 1 && p.filling != 0) {
-      spdlog::warn(
-          "copy metadata {}: completing the interrupted marking of every chunk for peer {}", path,
-          read_name(p.name, sizeof(p.name)));
+      log::warn("copy metadata {}: completing the interrupted marking of every chunk for peer {}",
+                path, read_name(p.name, sizeof(p.name)));
       fill_bitmap(pop, bitmap_of(r, i), r->chunks);
       store_word(&p.filling, 0);
       pmemobj_persist(pop, &p.filling, 8);

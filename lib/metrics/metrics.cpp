@@ -7,7 +7,6 @@
 #include <prometheus/exposer.h>
 #include <prometheus/metric_family.h>
 #include <prometheus/text_serializer.h>
-#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -20,6 +19,8 @@
 #include <set>
 #include <tuple>
 #include <utility>
+
+#include "common/log.h"
 
 namespace pmirror::metrics {
 
@@ -101,7 +102,7 @@ class Converter {
  private:
   void error(const std::string& what) {
     ++errors_;
-    spdlog::debug("metrics: snapshot: {}", what);
+    log::debug("metrics: snapshot: {}", what);
   }
 
   MetricFamily& family(const std::string& name, const std::string& help, MetricType type) {
@@ -615,7 +616,7 @@ Result<std::unique_ptr<Exporter>> Exporter::start(const std::string& host_port,
   uint16_t port = ports.empty() ? endpoint.port : static_cast<uint16_t>(ports.front());
   std::string address = v6 ? "[" + std::string(numeric) + "]:" + std::to_string(port)
                            : std::string(numeric) + ":" + std::to_string(port);
-  spdlog::info("metrics: serving http://{}/metrics", address);
+  log::info("metrics: serving http://{}/metrics", address);
   return std::unique_ptr<Exporter>(new Exporter(std::move(impl), std::move(address)));
 }
 

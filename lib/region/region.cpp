@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <libpmem.h>
-#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/sysmacros.h>
@@ -12,6 +11,8 @@
 #include <climits>
 #include <cstring>
 #include <string>
+
+#include "common/log.h"
 
 namespace pmirror::region {
 namespace {
@@ -142,7 +143,7 @@ std::string_view backing_name(Backing backing) {
 Region::~Region() {
   fault_registration_.reset();  // before the addresses can be reused
   if (data_ != nullptr && pmem_unmap(data_, mapped_len_) != 0) {
-    spdlog::warn("region: unmapping {} failed: {}", path_, errno_text(errno));
+    log::warn("region: unmapping {} failed: {}", path_, errno_text(errno));
   }
 }
 
@@ -337,8 +338,8 @@ void Region::fail(const Status& why) const {
   // Once: later persists only return it.
   std::string detail = why.message();
   if (detail.rfind(label_ + ": ", 0) == 0) detail.erase(0, label_.size() + 2);
-  spdlog::error("{} failed: {}; every persist on it fails from now on, until it is reopened",
-                label_, detail);
+  log::error("{} failed: {}; every persist on it fails from now on, until it is reopened", label_,
+             detail);
 }
 
 Status Region::persist(uint64_t offset, uint64_t len) const {

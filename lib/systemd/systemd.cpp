@@ -1,6 +1,5 @@
 #include "systemd/systemd.h"
 
-#include <spdlog/spdlog.h>
 #include <systemd/sd-daemon.h>
 #include <time.h>
 
@@ -10,6 +9,8 @@
 #include <string>
 #include <system_error>
 
+#include "common/log.h"
+
 namespace pmirror::systemd {
 
 namespace {
@@ -18,7 +19,7 @@ void send(const std::string& message) {
   if (!notify_socket_set()) return;
   int rc = sd_notify(0, message.c_str());
   if (rc < 0) {
-    spdlog::debug("sd_notify({}): {}", message.substr(0, message.find('\n')), std::strerror(-rc));
+    log::debug("sd_notify({}): {}", message.substr(0, message.find('\n')), std::strerror(-rc));
   }
 }
 
@@ -85,7 +86,7 @@ void WatchdogPinger::start() {
     thread_ = std::thread([this] { run(); });
   } catch (const std::system_error& e) {
     // Out of threads: no pings, so systemd restarts us -- better than an abort.
-    spdlog::error(
+    log::error(
         "watchdog: cannot start the ping thread: {}; systemd's watchdog will restart the "
         "service",
         e.what());
@@ -108,7 +109,7 @@ void WatchdogPinger::run() {
     if (!healthy_ || healthy_()) {
       notify_watchdog();
     } else {
-      spdlog::warn("watchdog: not healthy, withholding the ping");
+      log::warn("watchdog: not healthy, withholding the ping");
     }
     lock.lock();
     wake_.wait_for(lock, period_, [this] { return stop_; });

@@ -1,6 +1,5 @@
 #include "target/target.h"
 
-#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +12,7 @@
 #include <system_error>
 #include <thread>
 
+#include "common/log.h"
 #include "common/rfc3339.h"
 #include "protocol/protocol.h"
 #include "target/target_internal.h"
@@ -84,10 +84,10 @@ class NewPoolRemover {
   ~NewPoolRemover() {
     if (!created_ || started_) return;
     if (::unlink(path_.c_str()) == 0) {
-      spdlog::info("removed the state pool {} this refused start had created", path_);
+      log::info("removed the state pool {} this refused start had created", path_);
     } else {
-      spdlog::warn("could not remove the state pool {} this refused start had created: {}", path_,
-                   std::strerror(errno));
+      log::warn("could not remove the state pool {} this refused start had created: {}", path_,
+                std::strerror(errno));
     }
   }
   NewPoolRemover(const NewPoolRemover&) = delete;
@@ -188,10 +188,10 @@ class Target::Impl {
     if (listener) {
       PMIRROR_RETURN_IF_ERROR(check_servable(*served));
     }
-    spdlog::info("volume {}: {} ({} bytes, {}, pmem={}), generation {}, last sequence {}",
-                 volume_config.name, volume_config.path, served->region->size(),
-                 region::backing_name(served->region->backing()), served->region->is_pmem(),
-                 recorded->generation, recorded->last_sequence);
+    log::info("volume {}: {} ({} bytes, {}, pmem={}), generation {}, last sequence {}",
+              volume_config.name, volume_config.path, served->region->size(),
+              region::backing_name(served->region->backing()), served->region->is_pmem(),
+              recorded->generation, recorded->last_sequence);
     return served;
   }
 
@@ -249,7 +249,7 @@ class Target::Impl {
       checkpoint_wake.wait_for(lock, options.checkpoint_interval);
       for (auto& volume : all_volumes()) {
         if (Status saved = checkpoint(*state, *volume); !saved.ok()) {
-          spdlog::error("volume {}: checkpoint: {}", volume->config.name, saved.to_string());
+          log::error("volume {}: checkpoint: {}", volume->config.name, saved.to_string());
         }
       }
     }
@@ -302,9 +302,8 @@ Result<std::unique_ptr<Target>> Target::start(const config::DaemonConfig& config
   }
   impl->listener = std::move(listener).value();
   for (auto& volume : impl->volumes) PMIRROR_RETURN_IF_ERROR(impl->check_servable(*volume));
-  spdlog::info("listening on {}:{} ({}), {} volume(s)", config.listen_address,
-               impl->listener->port(), transport::kind_name(config.transport),
-               impl->volumes.size());
+  log::info("listening on {}:{} ({}), {} volume(s)", config.listen_address, impl->listener->port(),
+            transport::kind_name(config.transport), impl->volumes.size());
   remover.started();
   return std::unique_ptr<Target>(new Target(std::move(impl)));
 }
@@ -403,8 +402,8 @@ Status Target::reload(const config::DaemonConfig& config) {
     // saying the cause is fixed (a new mapping starts without the failure).
     const bool reopen = existing && existing->region->failed();
     if (reopen) {
-      spdlog::warn("volume {}: reopening it, which had failed: {}", volume_config.name,
-                   existing->region->failure().message());
+      log::warn("volume {}: reopening it, which had failed: {}", volume_config.name,
+                existing->region->failure().message());
     }
     if (existing && !reopen && same_settings(existing->config, volume_config)) {
       kept.emplace_back(existing, &volume_config);
@@ -422,8 +421,8 @@ Status Target::reload(const config::DaemonConfig& config) {
     if (!opened.ok() && reopen && same_settings(existing->config, volume_config)) {
       // Still broken (e.g. its file was truncated): it stays failed, and the
       // rest of the reload goes on.
-      spdlog::error("volume {}: stays failed: reopening it failed: {}", volume_config.name,
-                    opened.status().message());
+      log::error("volume {}: stays failed: reopening it failed: {}", volume_config.name,
+                 opened.status().message());
       changed.pop_back();
       kept.emplace_back(existing, &volume_config);
       next.push_back(existing);
@@ -447,7 +446,7 @@ Status Target::reload(const config::DaemonConfig& config) {
       for (const auto& peer : volume_config->allowed_peers) {
         peers += (peers.empty() ? "" : ", ") + peer;
       }
-      spdlog::info("volume {}: allowed_peers now {}", volume_config->name, peers);
+      log::info("volume {}: allowed_peers now {}", volume_config->name, peers);
     }
   }
   for (auto& v : current) {
@@ -473,8 +472,8 @@ Status Target::reload(const config::DaemonConfig& config) {
     for (auto& n : names) out += (out.empty() ? "" : ", ") + n;
     return out.empty() ? std::string("none") : out;
   };
-  spdlog::info("configuration reloaded: added {}; removed {}; changed {}", join(added),
-               join(removed), join(changed));
+  log::info("configuration reloaded: added {}; removed {}; changed {}", join(added), join(removed),
+            join(changed));
   return Status::Ok();
 }
 
@@ -535,7 +534,7 @@ Result<PromoteResult> Target::promote(const std::string& volume_name, bool force
   PMIRROR_RETURN_IF_ERROR(md->set_promoted(true));
   PMIRROR_RETURN_IF_ERROR(md->set_clean(true));
   remember();
-  spdlog::warn(
+  log::warn(
       "volume {}: promoted on node {}{}: generation {} (previous {}); sessions are refused until "
       "`pmirrorctl demote {}`",
       volume_name, node, force ? " (forced)" : "", hex16(generation), hex16(previous), volume_name);
@@ -570,8 +569,8 @@ Result<DemoteResult> Target::demote(const std::string& volume_name) {
   volume->copy_status = CopyStatus{.info = info};
   volume->copy_status_at = std::chrono::steady_clock::now();
   if (was_promoted) {
-    spdlog::warn("volume {}: demoted on node {}: a replica again at generation {}", volume_name,
-                 node, hex16(info.generations.current));
+    log::warn("volume {}: demoted on node {}: a replica again at generation {}", volume_name, node,
+              hex16(info.generations.current));
   }
   return DemoteResult{.volume = volume_name, .node = node, .generation = info.generations.current};
 }

@@ -3,12 +3,12 @@
 // it. A stranger costs a socket and a few hundred bytes here -- no thread,
 // no SessionRecord -- and the listener's caps bound how many there are.
 #include <poll.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cstring>
 #include <thread>
 
+#include "common/log.h"
 #include "target/target_internal.h"
 
 namespace pmirror::target {
@@ -87,7 +87,7 @@ bool Admission::step(std::chrono::milliseconds timeout) {
   int ready = ::poll(fds.data(), fds.size(),
                      static_cast<int>(std::clamp<int64_t>(wait.count(), 0, INT32_MAX)));
   if (ready < 0 && errno != EINTR) {
-    spdlog::error("admission: poll: {}", std::strerror(errno));
+    log::error("admission: poll: {}", std::strerror(errno));
     std::this_thread::sleep_for(kTick);  // never a busy loop
   }
 
@@ -102,9 +102,9 @@ bool Admission::step(std::chrono::milliseconds timeout) {
     if (now >= h.deadline) {
       context_.admission.timed_out.fetch_add(1);
       if (no_session_log_.count(now)) {
-        spdlog::warn("{}: no session: no {} within {} ms", h.hello_received ? h.who() : h.peer,
-                     h.hello_received ? "AuthResponse" : "Hello",
-                     context_.options.handshake_timeout.count());
+        log::warn("{}: no session: no {} within {} ms", h.hello_received ? h.who() : h.peer,
+                  h.hello_received ? "AuthResponse" : "Hello",
+                  context_.options.handshake_timeout.count());
       }
       h.connection->shutdown();
       continue;
@@ -125,7 +125,7 @@ bool Admission::step(std::chrono::milliseconds timeout) {
       }
       // One peer's failed transport hello: not a pmirror peer, mismatched
       // options, or silent. The daemon goes on.
-      if (no_session_log_.count()) spdlog::info("{}", accepted.status().to_string());
+      if (no_session_log_.count()) log::info("{}", accepted.status().to_string());
       continue;
     }
     if (*accepted == nullptr) break;
@@ -153,8 +153,8 @@ Admission::Outcome Admission::advance(Handshake& h) {
       }
       context_.admission.refused.fetch_add(1);
       if (refused_log_.count()) {
-        spdlog::warn("{}: expected Hello, got {}", h.peer,
-                     protocol::type_name(protocol::type_of(message)));
+        log::warn("{}: expected Hello, got {}", h.peer,
+                  protocol::type_name(protocol::type_of(message)));
       }
       refuse(h, Errc::kProtocolError, "expected Hello first");
       return Outcome::kDone;
@@ -166,15 +166,15 @@ Admission::Outcome Admission::advance(Handshake& h) {
     if (auto* error = std::get_if<protocol::ErrorReply>(&message)) {
       // The initiator gave up (it could not use our Challenge).
       if (refused_log_.count()) {
-        spdlog::warn("{}: volume {}: no session: the initiator refused: {}", h.who(),
-                     h.hello.volume, protocol::printable(error->text));
+        log::warn("{}: volume {}: no session: the initiator refused: {}", h.who(), h.hello.volume,
+                  protocol::printable(error->text));
       }
       h.connection->shutdown();
       return Outcome::kDone;
     }
     if (refused_log_.count()) {
-      spdlog::warn("{}: volume {}: expected AuthResponse, got {}", h.who(), h.hello.volume,
-                   protocol::type_name(protocol::type_of(message)));
+      log::warn("{}: volume {}: expected AuthResponse, got {}", h.who(), h.hello.volume,
+                protocol::type_name(protocol::type_of(message)));
     }
     refuse(h, Errc::kProtocolError, "expected AuthResponse");
     return Outcome::kDone;
@@ -183,7 +183,7 @@ Admission::Outcome Admission::advance(Handshake& h) {
     // kClosed: the listener closed it to make room (it counts and logs
     // those) or we are stopping; anything else is the peer's doing.
     if (pumped.code() != Errc::kClosed && no_session_log_.count()) {
-      spdlog::warn("{}: no session: {}", h.hello_received ? h.who() : h.peer, pumped.to_string());
+      log::warn("{}: no session: {}", h.hello_received ? h.who() : h.peer, pumped.to_string());
     }
     h.connection->shutdown();
     return Outcome::kDone;
@@ -197,20 +197,19 @@ Admission::Outcome Admission::on_hello(Handshake& h, const protocol::Hello& hell
   h.volume = context_.find_volume(hello.volume);
   if (h.volume == nullptr) {
     context_.admission.refused.fetch_add(1);
-    if (refused_log_.count()) spdlog::warn("{}: refused: no volume '{}'", h.who(), hello.volume);
+    if (refused_log_.count()) log::warn("{}: refused: no volume '{}'", h.who(), hello.volume);
     refuse(h, Errc::kNotFound, "no volume '" + hello.volume + "' on this target");
     return Outcome::kDone;
   }
   auto nonce = auth::random_nonce();
   if (!nonce.ok()) {
-    spdlog::error("{}: {}", h.who(), nonce.status().to_string());
+    log::error("{}: {}", h.who(), nonce.status().to_string());
     refuse(h, Errc::kInternal, "target cannot make a nonce");
     return Outcome::kDone;
   }
   h.server_nonce = *nonce;
   if (Status sent = h.messenger->send(protocol::Challenge{h.server_nonce}); !sent.ok()) {
-    if (no_session_log_.count())
-      spdlog::warn("{}: sending Challenge: {}", h.who(), sent.to_string());
+    if (no_session_log_.count()) log::warn("{}: sending Challenge: {}", h.who(), sent.to_string());
     h.connection->shutdown();
     return Outcome::kDone;
   }
@@ -231,8 +230,8 @@ Admission::Outcome Admission::on_auth(Handshake& h, const protocol::AuthResponse
     context_.admission.authentication_failures.fetch_add(1);
     // The log says which; the peer only learns that it failed.
     if (refused_log_.count()) {
-      spdlog::warn("{}: volume {}: authentication failed: {}", h.who(), name,
-                   known ? "wrong secret" : "identity not in allowed_peers");
+      log::warn("{}: volume {}: authentication failed: {}", h.who(), name,
+                known ? "wrong secret" : "identity not in allowed_peers");
     }
     refuse(h, Errc::kPermissionDenied,
            "authentication failed for '" + protocol::printable(identity) + "' on volume '" + name +
@@ -270,7 +269,7 @@ Admission::Outcome Admission::on_auth(Handshake& h, const protocol::AuthResponse
     // Out of threads (a task limit): refuse this one, keep serving the others.
     context_.admission.refused.fetch_add(1);
     if (refused_log_.count()) {
-      spdlog::error("{}: volume {}: refused: {}", peer.who, name, started.to_string());
+      log::error("{}: volume {}: refused: {}", peer.who, name, started.to_string());
     }
     std::string text = "target is out of resources (" + started.message() + "); try again";
     peer.record->state.transition(supervisor::PeerState::kRefused, text);
@@ -297,11 +296,11 @@ void Admission::refuse(Handshake& h, Errc code, const std::string& text) {
 
 void Admission::log_summaries() {
   if (uint64_t n = refused_log_.unreported()) {
-    spdlog::warn("admission: {} more initiator(s) refused in the last {} s (not logged one by one)",
-                 n, kLogInterval.count());
+    log::warn("admission: {} more initiator(s) refused in the last {} s (not logged one by one)", n,
+              kLogInterval.count());
   }
   if (uint64_t n = no_session_log_.unreported()) {
-    spdlog::warn(
+    log::warn(
         "admission: {} more connection(s) ended without a session in the last {} s (not logged "
         "one by one)",
         n, kLogInterval.count());

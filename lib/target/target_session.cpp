@@ -2,7 +2,6 @@
 // bookkeeping until the initiator leaves. The Writes and Reads of the data
 // path never show up here: the transport places them into the registered
 // region (the NIC over rdma; the connection's receiver over tcp).
-#include <spdlog/spdlog.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -11,6 +10,7 @@
 
 #include "auth/auth.h"
 #include "common/fault.h"
+#include "common/log.h"
 #include "session/session.h"
 #include "target/target_internal.h"
 
@@ -208,21 +208,21 @@ class Session {
     // flushes prove nothing: no writer until an operator reopens it.
     if (Status failure = region_.failure(); !failure.ok()) {
       std::string text = failed_volume_text(name(), context_.node, failure);
-      spdlog::warn("{}: refused: {}", who(), text);
+      log::warn("{}: refused: {}", who(), text);
       refuse_opening(Errc::kIoError, text);
       return false;
     }
     std::string holder;
     if (!claim_.try_claim(volume_, who(), holder)) {
-      spdlog::warn("{}: volume {}: refused second writer (held by {})", who(), name(), holder);
+      log::warn("{}: volume {}: refused second writer (held by {})", who(), name(), holder);
       refuse_opening(Errc::kBusy, "volume '" + name() + "' already has a writer: " + holder);
       return false;
     }
     if (Status opened = md_.open(context_.node); !opened.ok()) {
       if (opened.code() == Errc::kBusy) {
-        spdlog::warn("{}: volume {}: refused: {}", who(), name(), opened.message());
+        log::warn("{}: volume {}: refused: {}", who(), name(), opened.message());
       } else {
-        spdlog::error("{}: volume {}: {}", who(), name(), opened.message());
+        log::error("{}: volume {}: {}", who(), name(), opened.message());
       }
       refuse_opening(opened.code(), opened.message());
       return false;
@@ -231,7 +231,7 @@ class Session {
       std::string text = "volume '" + name() + "' was promoted on node " + context_.node +
                          " and accepts no other primary; run `pmirrorctl demote " + name() +
                          "` on " + context_.node + " to make it a replica again";
-      spdlog::warn("{}: refused: {}", who(), text);
+      log::warn("{}: refused: {}", who(), text);
       md_.close();  // let go first: an operator's demote may follow at once
       claim_.release();
       // Not "busy": waiting will not help. The initiator must not go on
@@ -248,7 +248,7 @@ class Session {
         [&region](const void* addr, size_t len) { return region.persist_range(addr, len); });
     if (!registration.ok()) {
       Status failed = registration.status().with_context("registering " + region.path());
-      spdlog::error("{}: volume {}: {}", who(), name(), failed.to_string());
+      log::error("{}: volume {}: {}", who(), name(), failed.to_string());
       refuse_opening(failed.code(), failed.message());
       return false;
     }
@@ -256,7 +256,7 @@ class Session {
 
     auto recorded = context_.state.get_or_create(name());
     if (!recorded.ok()) {
-      spdlog::error("{}: volume {}: state: {}", who(), name(), recorded.status().to_string());
+      log::error("{}: volume {}: state: {}", who(), name(), recorded.status().to_string());
       refuse_opening(Errc::kIoError, "target cannot read its state pool");
       return false;
     }
@@ -286,7 +286,7 @@ class Session {
                                             peer_.server_nonce};
     descriptor.mac = auth::target_proof(peer_.secret, auth_context);
     if (Status sent = messenger_.send(descriptor); !sent.ok()) {
-      spdlog::warn("{}: sending VolumeDescriptor: {}", who(), sent.to_string());
+      log::warn("{}: sending VolumeDescriptor: {}", who(), sent.to_string());
       record_.state.transition(supervisor::PeerState::kDisconnected, sent.message());
       peer_.connection->shutdown();
       return false;
@@ -297,7 +297,7 @@ class Session {
     }
     record_.acknowledged = book_.last_sequence;
     record_.state.transition(supervisor::PeerState::kConnected, "session open");
-    spdlog::info(
+    log::info(
         "{}: volume {}: session open (generation {}, last sequence {}, methods {:#x}; copy "
         "generation {}{}{})",
         who(), name(), book_.generation, book_.last_sequence, volume_.methods,
@@ -449,11 +449,11 @@ class Session {
   Status on(const protocol::SetGeneration& set) {
     bool consistent = (set.flags & protocol::kGenerationConsistent) != 0;
     if (Status adopted = adopt(*md_, set); !adopted.ok()) {
-      spdlog::error("{}: volume {}: adopting generation {}: {}", who(), name(),
-                    hex16(set.generation), adopted.to_string());
+      log::error("{}: volume {}: adopting generation {}: {}", who(), name(), hex16(set.generation),
+                 adopted.to_string());
       return adopted;
     }
-    spdlog::info(
+    log::info(
         "{}: volume {}: copy adopted generation {} ({})", who(), name(), hex16(set.generation),
         consistent ? "consistent: in sync" : "inconsistent until the resync into it completes");
     return messenger_.send(protocol::GenerationAck{set.generation});
@@ -469,7 +469,7 @@ class Session {
     // The peer's words: escaped before they reach the log and status.
     std::string text = protocol::printable(error.text, protocol::kMaxErrorText);
     if (error.code == Errc::kSplitBrain) {
-      spdlog::error("{}: volume {}: split brain: {}", who(), name(), text);
+      log::error("{}: volume {}: split brain: {}", who(), name(), text);
       end_reason_ = text;
       end_state_ = supervisor::PeerState::kSplitBrain;
     } else {
@@ -484,8 +484,8 @@ class Session {
     peer_.connection->shutdown();
     claim_.leaving();
     if (Status saved = checkpoint(context_.state, volume_); !saved.ok()) {
-      spdlog::error("{}: volume {}: recording sequence {}: {}", who(), name(), book_.last_sequence,
-                    saved.to_string());
+      log::error("{}: volume {}: recording sequence {}: {}", who(), name(), book_.last_sequence,
+                 saved.to_string());
     }
     md_.close();  // before the claim goes: whoever claims next may open it at once
     claim_.release();
@@ -493,8 +493,8 @@ class Session {
         end_state_.value_or(said_goodbye_ ? supervisor::PeerState::kClosed
                                           : supervisor::PeerState::kDisconnected),
         end_reason_);
-    spdlog::info("{}: volume {}: session closed at sequence {}: {}", who(), name(),
-                 book_.last_sequence, end_reason_);
+    log::info("{}: volume {}: session closed at sequence {}: {}", who(), name(),
+              book_.last_sequence, end_reason_);
   }
 
   SessionContext& context_;

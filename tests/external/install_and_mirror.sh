@@ -170,12 +170,31 @@ done
 message_c1="written by an external C program, opened from the cluster file"
 message_c2="written by an external C program, opened through a pmirror_cfg"
 message_cpp="written by an external C++ program through pmirror.hpp"
-echo "== mirror-c"
+# The application's stdout holds only what the application wrote: the
+# library logs to stderr ("... pmirror info: ..."), at the threshold that
+# PMIRROR_LOG_LEVEL names (default info).
+only_the_program_on_stdout() {  # program stdout-file
+  if grep -v "^$1: " "$2"; then
+    fail "$1's stdout holds lines the program did not write (above)"
+  fi
+}
+echo "== mirror-c (default log level)"
 "$work/mirror-c" "$work/cluster.yaml" "$work/app-c2.img" "$port" "$secret" "$message_c1" \
-  "$message_c2" || { cat "$work/pmirrord.log" >&2; fail "mirror-c failed"; }
-echo "== mirror-cpp"
-"$work/mirror-cpp" "$work/app-cpp.img" "$port" "$secret" "$message_cpp" ||
-  { cat "$work/pmirrord.log" >&2; fail "mirror-cpp failed"; }
+  "$message_c2" >"$work/mirror-c.out" 2>"$work/mirror-c.err" ||
+  { cat "$work/mirror-c.out" "$work/mirror-c.err" "$work/pmirrord.log" >&2; fail "mirror-c failed"; }
+cat "$work/mirror-c.out" "$work/mirror-c.err"
+only_the_program_on_stdout mirror-c "$work/mirror-c.out"
+grep -q ' pmirror info: ' "$work/mirror-c.err" ||
+  fail "libpmirror logged nothing to stderr at the default level (info)"
+echo "== mirror-cpp (PMIRROR_LOG_LEVEL=warn)"
+PMIRROR_LOG_LEVEL=warn "$work/mirror-cpp" "$work/app-cpp.img" "$port" "$secret" "$message_cpp" \
+  >"$work/mirror-cpp.out" 2>"$work/mirror-cpp.err" ||
+  { cat "$work/mirror-cpp.out" "$work/mirror-cpp.err" "$work/pmirrord.log" >&2; fail "mirror-cpp failed"; }
+cat "$work/mirror-cpp.out" "$work/mirror-cpp.err"
+only_the_program_on_stdout mirror-cpp "$work/mirror-cpp.out"
+if grep ' pmirror info: ' "$work/mirror-cpp.err"; then
+  fail "PMIRROR_LOG_LEVEL=warn let info lines through (above)"
+fi
 
 kill "$daemon_pid"
 wait "$daemon_pid" || true

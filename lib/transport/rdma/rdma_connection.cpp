@@ -3,7 +3,6 @@
 #include <arpa/inet.h>
 #include <endian.h>
 #include <poll.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -12,6 +11,8 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+
+#include "common/log.h"
 
 namespace pmirror::transport::rdma {
 namespace {
@@ -250,8 +251,8 @@ Status build_endpoint(Endpoint& endpoint, const ConnectionOptions& o) {
   }
   ep->qp = Qp(cm);
   ep->max_inline = init.cap.max_inline_data;
-  spdlog::debug("rdma: QP on {} port {}: max_inline {}, max_msg_sz {}, ODP {}", ep->device,
-                cm->port_num, ep->max_inline, ep->max_msg_size, ep->odp_rc_read_write);
+  log::debug("rdma: QP on {} port {}: max_inline {}, max_msg_sz {}, ODP {}", ep->device,
+             cm->port_num, ep->max_inline, ep->max_msg_size, ep->odp_rc_read_write);
 
   // Every receive is posted before the connection is accepted/established,
   // so the peer's first send never meets an empty receive queue.
@@ -292,8 +293,8 @@ RdmaConnection::RdmaConnection(std::shared_ptr<Endpoint> endpoint, const Connect
   ibv_qp_attr attr{};
   attr.min_rnr_timer = kMinRnrTimer;
   if (int err = ibv_modify_qp(endpoint_->qp.get(), &attr, IBV_QP_MIN_RNR_TIMER); err != 0)
-    spdlog::warn("rdma: ibv_modify_qp(min_rnr_timer) on {}: {}; RNR waits stay at 655 ms",
-                 endpoint_->device, std::strerror(err));
+    log::warn("rdma: ibv_modify_qp(min_rnr_timer) on {}: {}; RNR waits stay at 655 ms",
+              endpoint_->device, std::strerror(err));
   const uint32_t slots = send_slot_count(options);
   free_send_slots_.reserve(slots);
   for (uint32_t s = slots; s > 0; --s) free_send_slots_.push_back(s - 1);
@@ -656,8 +657,8 @@ void RdmaConnection::handle_cm_events_locked() {
       case RDMA_CM_EVENT_MULTICAST_JOIN:
       case RDMA_CM_EVENT_MULTICAST_ERROR:
         // Setup or multicast events cannot occur on an established RC id.
-        spdlog::warn("rdma: ignoring unexpected {} on the connection to {}",
-                     rdma_event_str(event->event), endpoint_->peer);
+        log::warn("rdma: ignoring unexpected {} on the connection to {}",
+                  rdma_event_str(event->event), endpoint_->peer);
         break;
     }
   }

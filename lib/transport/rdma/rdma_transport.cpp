@@ -7,7 +7,6 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <poll.h>
-#include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -19,6 +18,7 @@
 #include <deque>
 #include <map>
 
+#include "common/log.h"
 #include "common/log_limit.h"
 #include "transport/admission.h"
 #include "transport/rdma/rdma_connection.h"
@@ -370,7 +370,7 @@ class RdmaListener final : public Listener {
       const auto now = Clock::now();
       expire(now);
       if (uint64_t n = evicted_log_.unreported(now))
-        spdlog::warn(
+        log::warn(
             "rdma listener on {}: closed {} more unauthenticated connection(s) in the "
             "last {} s to make room for newer ones",
             where_, n, kLogInterval.count());
@@ -414,7 +414,7 @@ class RdmaListener final : public Listener {
     if (closed_.exchange(true)) return;
     const uint64_t one = 1;
     if (::write(wake_.get(), &one, sizeof(one)) < 0)
-      spdlog::warn("rdma listener on {}: cannot wake accept: {}", where_, std::strerror(errno));
+      log::warn("rdma listener on {}: cannot wake accept: {}", where_, std::strerror(errno));
   }
 
  private:
@@ -471,7 +471,7 @@ class RdmaListener final : public Listener {
         case RDMA_CM_EVENT_MULTICAST_ERROR:
           // Accepted ids live on their own channels; only a request that
           // failed before migration could leave an event here.
-          spdlog::debug("rdma listener on {}: ignoring {}", where_, rdma_event_str(event->event));
+          log::debug("rdma listener on {}: ignoring {}", where_, rdma_event_str(event->event));
           break;
       }
     }
@@ -543,7 +543,7 @@ class RdmaListener final : public Listener {
       sweep_evicted();
       if (evicted_log_.count()) {
         const AdmissionOptions& o = control_->options();
-        spdlog::warn(
+        log::warn(
             "rdma listener on {}: too many unauthenticated connections (max_unauthenticated {}, "
             "max_unauthenticated_per_source {}): closed the oldest to make room for {}; further "
             "ones are counted (pmirrorctl status: admission)",

@@ -1,42 +1,43 @@
 #include "transport/rdma/verbs.h"
 
 #include <fcntl.h>
-#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+
+#include "common/log.h"
 
 namespace pmirror::transport::rdma {
 
 void destroy_event_channel(rdma_event_channel* channel) { rdma_destroy_event_channel(channel); }
 
 void destroy_cm_id(rdma_cm_id* id) {
-  if (rdma_destroy_id(id) != 0) spdlog::warn("rdma: rdma_destroy_id: {}", std::strerror(errno));
+  if (rdma_destroy_id(id) != 0) log::warn("rdma: rdma_destroy_id: {}", std::strerror(errno));
 }
 
 void destroy_pd(ibv_pd* pd) {
   const std::string device = device_name(pd->context);
   if (int err = ibv_dealloc_pd(pd); err != 0)
-    spdlog::warn("rdma: ibv_dealloc_pd on {}: {} (a memory region still registered?)", device,
-                 std::strerror(err));
+    log::warn("rdma: ibv_dealloc_pd on {}: {} (a memory region still registered?)", device,
+              std::strerror(err));
 }
 
 void destroy_comp_channel(ibv_comp_channel* channel) {
   if (int err = ibv_destroy_comp_channel(channel); err != 0)
-    spdlog::warn("rdma: ibv_destroy_comp_channel: {}", std::strerror(err));
+    log::warn("rdma: ibv_destroy_comp_channel: {}", std::strerror(err));
 }
 
 void destroy_cq(ibv_cq* cq) {
   const std::string device = device_name(cq->context);
   if (int err = ibv_destroy_cq(cq); err != 0)
-    spdlog::warn("rdma: ibv_destroy_cq on {}: {}", device, std::strerror(err));
+    log::warn("rdma: ibv_destroy_cq on {}: {}", device, std::strerror(err));
 }
 
 void destroy_mr(ibv_mr* mr) {
   const std::string device = device_name(mr->context);
   if (int err = ibv_dereg_mr(mr); err != 0)
-    spdlog::warn("rdma: ibv_dereg_mr on {}: {}", device, std::strerror(err));
+    log::warn("rdma: ibv_dereg_mr on {}: {}", device, std::strerror(err));
 }
 
 AlignedBuffer allocate_aligned(size_t length) {

@@ -4,7 +4,6 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -16,6 +15,7 @@
 #include <deque>
 #include <map>
 
+#include "common/log.h"
 #include "common/log_limit.h"
 #include "transport/admission.h"
 #include "transport/registry.h"
@@ -251,8 +251,8 @@ class TcpListener final : public Listener {
           // Anything else (a firewall's EPERM, ...) concerns that attempt;
           // back off rather than spin on it.
           if (other_errors_.count())
-            spdlog::warn("listener on {}: accept: {}; pausing {} ms", where_, std::strerror(err),
-                         kExhaustedBackoff.count());
+            log::warn("listener on {}: accept: {}; pausing {} ms", where_, std::strerror(err),
+                      kExhaustedBackoff.count());
           pause();
           return;
       }
@@ -281,7 +281,7 @@ class TcpListener final : public Listener {
       reopen_spare();
     }
     if (exhausted_log_.count()) {
-      spdlog::warn(
+      log::warn(
           "listener on {}: accept: {} ({}): {}; pausing {} ms (raise the file descriptor limit, "
           "LimitNOFILE=, or lower max_unauthenticated)",
           where_, std::strerror(err),
@@ -321,7 +321,7 @@ class TcpListener final : public Listener {
       sweep_evicted();
       if (evicted_log_.count()) {
         const AdmissionOptions& o = control_->options();
-        spdlog::warn(
+        log::warn(
             "listener on {}: too many unauthenticated connections (max_unauthenticated {}, "
             "max_unauthenticated_per_source {}): closed the oldest to make room for {}; further "
             "ones are counted (pmirrorctl status: admission)",
@@ -456,18 +456,18 @@ class TcpListener final : public Listener {
   // The per-interval sums of what was not logged line by line.
   void report(Clock::time_point now) {
     if (uint64_t n = evicted_log_.unreported(now))
-      spdlog::warn(
+      log::warn(
           "listener on {}: closed {} more unauthenticated connection(s) in the last {} s to make "
           "room for newer ones",
           where_, n, kLogInterval.count());
     if (uint64_t n = exhausted_log_.unreported(now))
-      spdlog::warn(
+      log::warn(
           "listener on {}: accept ran out of file descriptors or memory {} more time(s) "
           "in the last {} s",
           where_, n, kLogInterval.count());
     if (uint64_t n = other_errors_.unreported(now))
-      spdlog::warn("listener on {}: accept failed {} more time(s) in the last {} s", where_, n,
-                   kLogInterval.count());
+      log::warn("listener on {}: accept failed {} more time(s) in the last {} s", where_, n,
+                kLogInterval.count());
   }
 
   UniqueFd fd_;

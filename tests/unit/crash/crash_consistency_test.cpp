@@ -36,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/log.h"
 #include "config/config.h"
 #include "initiator/initiator.h"
 #include "target/target.h"
@@ -254,7 +255,7 @@ struct Outcome {
 class CrashTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    spdlog::set_level(::getenv("PMIRROR_TEST_LOG") ? spdlog::level::debug : spdlog::level::off);
+    log::set_level(::getenv("PMIRROR_TEST_LOG") ? spdlog::level::debug : spdlog::level::off);
     std::string shm = "/dev/shm/pmirror-crash-XXXXXX";
     ASSERT_NE(::mkdtemp(shm.data()), nullptr) << std::strerror(errno);
     shm_ = shm;

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "common/log.h"
 #include "metadata/metadata.h"
 #include "region/region.h"
 
@@ -22,7 +23,7 @@ constexpr char kSecret[] = "initiator-unit-secret";
 }
 
 void FakeTargetsTest::SetUp() {
-  spdlog::set_level(::getenv("PMIRROR_TEST_LOG") ? spdlog::level::debug : spdlog::level::off);
+  log::set_level(::getenv("PMIRROR_TEST_LOG") ? spdlog::level::debug : spdlog::level::off);
   fs::path base = fs::is_directory("/dev/shm") ? fs::path("/dev/shm") : fs::temp_directory_path();
   std::string templ = (base / "pmirror-initiator-XXXXXX").string();
   ASSERT_NE(::mkdtemp(templ.data()), nullptr) << std::strerror(errno);

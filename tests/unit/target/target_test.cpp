@@ -23,6 +23,7 @@
 
 #include "auth/auth.h"
 #include "common/fault.h"
+#include "common/log.h"
 #include "metadata/metadata.h"
 #include "protocol/protocol.h"
 #include "session/session.h"
@@ -103,7 +104,7 @@ Result<Client> open_session(uint16_t port, const std::string& volume = "v1",
 class TargetTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    spdlog::set_level(spdlog::level::warn);
+    log::set_level(spdlog::level::warn);
     std::string templ = (fs::temp_directory_path() / "pmirror-target-XXXXXX").string();
     ASSERT_NE(::mkdtemp(templ.data()), nullptr) << std::strerror(errno);
     dir_ = templ;
