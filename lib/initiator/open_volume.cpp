@@ -137,6 +137,8 @@ void OpenVolume::close() {
   if (Status cleared = core.meta->clear_activity_log(); cleared.ok()) {
     (void)core.meta->set_clean(true);
   }
+  lock.unlock();
+  core.reaper.drain();  // every session dropped before has ended too
 }
 
 }  // namespace pmirror::initiator

@@ -150,7 +150,7 @@ void Peers::drop(Peer& peer, const Status& why, PeerState to) {
   ++peer.errors;
   if (peer.replica) peer.replica->close();
   ledger_.forget(peer.index);
-  peer.replica.reset();
+  core_.reaper.reap(std::move(peer.replica));
   peer.in_sync = false;
   peer.lagging = false;
   if (listener_ != nullptr) listener_->session_ended(peer);
@@ -170,6 +170,7 @@ std::optional<ResyncNeeded> Peers::begin_session(Peer& peer, std::unique_ptr<Rep
     // target: jump past it, which is only simple with nothing in flight.
     if (!ledger_.quiet()) {
       replica->close();
+      core_.reaper.reap(std::move(replica));
       peer.next_attempt = Clock::now() + std::chrono::milliseconds(50);
       peer.state.transition(PeerState::kDisconnected,
                             "its last sequence " + std::to_string(replica->last_sequence()) +
@@ -206,7 +207,7 @@ std::optional<ResyncNeeded> Peers::begin_session(Peer& peer, std::unique_ptr<Rep
   switch (decision.action) {
     case SyncAction::kPeerNewer:
       session.close();
-      peer.replica.reset();
+      core_.reaper.reap(std::move(peer.replica));
       ensure_tracked(peer);
       peer.next_attempt = Clock::now() + core_.options.reconnect_max;
       peer.state.transition(PeerState::kRefused, decision.reason);
@@ -214,7 +215,7 @@ std::optional<ResyncNeeded> Peers::begin_session(Peer& peer, std::unique_ptr<Rep
     case SyncAction::kSplitBrain:
       session.abandon(Status(Errc::kSplitBrain, "primary " + core_.options.identity + " of '" +
                                                     core_.options.name + "': " + decision.reason));
-      peer.replica.reset();
+      core_.reaper.reap(std::move(peer.replica));
       ensure_tracked(peer);
       peer.next_attempt = Clock::now() + core_.options.reconnect_max;
       peer.state.transition(PeerState::kSplitBrain, decision.reason);

@@ -146,7 +146,8 @@ Status Replica::fail(Status why) {
     state_ = ReplicaState::kFailed;
     error_ = why.with_context("replica " + label_);
     log::warn("{}", error_.message());
-    if (connection_) connection_->shutdown();
+    // The connection goes down when the session is destroyed, off the
+    // volume mutex (SessionReaper): shutting it down may block.
   }
   return error_.ok() ? Status(Errc::kClosed, "replica " + label_ + " is closed") : error_;
 }

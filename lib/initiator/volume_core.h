@@ -12,7 +12,8 @@
 // verify batch): that is today's behaviour, kept on purpose -- issue 11
 // replaces it with per-replica lanes and completion-driven waiting.
 // Objects with their own lock: CopyMetadata, the peers' PeerStateMachine
-// and LatencyWindow, and SupervisorWakeup below.
+// and LatencyWindow, SupervisorWakeup below, and the SessionReaper, which
+// destroys dropped sessions without the mutex (a teardown may block).
 #pragma once
 
 #include <atomic>
@@ -23,6 +24,7 @@
 #include <mutex>
 
 #include "initiator/initiator.h"
+#include "initiator/session_reaper.h"
 #include "metadata/metadata.h"
 #include "region/region.h"
 
@@ -69,6 +71,9 @@ struct VolumeCore {
   // them in between their steps rather than taking the mutex straight back.
   std::atomic<int> app_waiting{0};
   SupervisorWakeup supervisor_wakeup;
+  // Last: destroyed first, ending dropped sessions while the local copy
+  // they registered is still mapped.
+  SessionReaper reaper;
 
   uint64_t current_generation() const { return meta->info().generations.current; }
   // Bytes that `dirty` chunks stand for (the last chunk may be short).

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <future>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -146,6 +147,17 @@ struct Hub {
   std::map<std::string, ListenerState> listeners;
   std::optional<CrashTrigger> trigger;
   uint64_t crashes = 0;
+  std::map<std::string, std::shared_future<void>> teardown_stalls;  // by peer node
+
+  // What the Connection object of end `id` waits for when destroyed.
+  std::shared_future<void> teardown_stall(uint64_t id) const {
+    auto end = ends.find(id);
+    if (end == ends.end()) return {};
+    auto peer = ends.find(end->second.peer);
+    if (peer == ends.end()) return {};
+    auto stall = teardown_stalls.find(peer->second.node);
+    return stall == teardown_stalls.end() ? std::shared_future<void>{} : stall->second;
+  }
   uint64_t executed_total = 0;
   std::map<std::string, uint64_t> executed_by_node;
 
@@ -584,6 +596,12 @@ class FakeConnection final : public Connection {
   }
 
   ~FakeConnection() override {
+    std::shared_future<void> stall;
+    {
+      std::lock_guard lk(hub_->mu);
+      stall = hub_->teardown_stall(id_);
+    }
+    if (stall.valid()) stall.wait();
     shutdown();
     std::lock_guard lk(hub_->mu);
     End& e = hub_->ends.at(id_);
@@ -932,6 +950,15 @@ void FakeFabric::fail_after(const Connection& connection, uint64_t skip, Status 
 }
 
 void FakeFabric::drop_next(const Connection& connection) { fail_after(connection, 0); }
+
+void FakeFabric::stall_teardown(const std::string& peer_node, std::shared_future<void> until) {
+  std::lock_guard lk(hub_->mu);
+  if (until.valid()) {
+    hub_->teardown_stalls[peer_node] = std::move(until);
+  } else {
+    hub_->teardown_stalls.erase(peer_node);
+  }
+}
 
 Status FakeFabric::track(const std::string& node, void* addr, size_t len) {
   if (addr == nullptr || len == 0) return Status(Errc::kInvalidArgument, "track: empty range");

@@ -43,6 +43,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -122,6 +123,11 @@ class FakeFabric {
   // exceeded" and breaks the connection (RC never loses silently).
   // fail_after(connection, 0) with that reason.
   void drop_next(const Connection& connection);
+  // Connection objects whose peer end is on `peer_node` wait for `until`
+  // when destroyed, before any of their teardown (a kernel teardown that
+  // blocks: an rdma_cm id whose peer does not answer). The wait holds no
+  // fabric lock. An invalid future lifts the stall.
+  void stall_teardown(const std::string& peer_node, std::shared_future<void> until);
 
   // ---- persistence
   // Tracks [addr, addr+len) as pmem of `node` for the fabric's lifetime, so

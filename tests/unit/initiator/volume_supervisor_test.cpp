@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <future>
 
 #include "unit/initiator/fake_targets.h"
 
@@ -76,6 +77,44 @@ TEST_F(VolumeSupervisorTest, TheThreadRunsUntilStopped) {
   volume_->supervisor.stop();
   EXPECT_FALSE(volume_->core.supervisor_wakeup.sleep(std::chrono::seconds(10)))
       << "stopped: sleeps return at once";
+}
+
+// A teardown that blocks (an rdma_cm id whose peer does not answer, seen
+// in CI's lab run for 50 s) must hold up only the session it ends: not
+// the drop, not the persists, not the other replica.
+TEST_F(VolumeSupervisorTest, ASessionWhoseTeardownBlocksHoldsUpNothingElse) {
+  open(2, /*ack=*/1);
+  std::promise<void> release;
+  fabric().stall_teardown("t1", release.get_future().share());
+  struct Release {  // whatever happens below, the stalled teardown ends
+    std::promise<void>& promise;
+    ~Release() {
+      try {
+        promise.set_value();
+      } catch (const std::future_error&) {
+      }
+    }
+  } released{release};
+
+  auto dropped = std::async(std::launch::async, [&] {
+    std::lock_guard lock(volume_->core.mutex);
+    volume_->peers.drop(peer_at(1), Status(Errc::kConnectionError, "stopped answering"));
+  });
+  ASSERT_EQ(dropped.wait_for(60s), std::future_status::ready)
+      << "the drop waited for the teardown";
+  for (uint64_t i = 0; i < 8; ++i) {
+    std::memset(volume_->core.local->data() + (60 + i) * kChunk, 0x63, kChunk);
+    ASSERT_TRUE(persist((60 + i) * kChunk, kChunk).ok()) << "persist " << i;
+  }
+  EXPECT_EQ(target_bytes(0)[67 * kChunk], std::byte{0x63}) << "the other replica took them";
+  EXPECT_EQ(volume_->core.reaper.pending(), 1u) << "the teardown is still blocked";
+
+  release.set_value();
+  volume_->core.reaper.drain();
+  EXPECT_EQ(volume_->core.reaper.pending(), 0u);
+  ASSERT_TRUE(all_in_sync());
+  std::lock_guard lock(volume_->core.mutex);
+  EXPECT_EQ(target_bytes(1)[67 * kChunk], std::byte{0x63}) << "resynced once back";
 }
 
 }  // namespace
