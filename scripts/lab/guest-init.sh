@@ -122,6 +122,7 @@ fi
 stty -F /dev/ttyS1 raw -echo clocal 2>/dev/null
 stty -F /dev/ttyS2 raw -echo clocal 2>/dev/null
 stage "command start"
+boot_lines=$(dmesg 2>/dev/null | wc -l)
 (
   # shellcheck disable=SC1091
   source /pmlab/env
@@ -132,5 +133,8 @@ stage "command end rc=$rc"
 # Closing a tty waits for the UART to drain; make sure of it before power-off.
 stty -F /dev/ttyS1 raw -echo clocal 2>/dev/null
 stty -F /dev/ttyS2 raw -echo clocal 2>/dev/null
+# The kernel's side of a failure (rxe warnings, lockups, hung tasks), from
+# while the command ran, for the host to show.
+[ "$rc" = 0 ] || dmesg 2>/dev/null | tail -n +"$((boot_lines + 1))" >/pmlab/dmesg || true
 echo "$rc" >/pmlab/rc.tmp && mv /pmlab/rc.tmp /pmlab/rc
 bye

@@ -233,6 +233,10 @@ if [[ -f $run/share/rc ]]; then
   rc=$(<"$run/share/rc")
   if [[ $rc != 0 ]]; then
     echo "$tag: command FAILED with exit status $rc (guest round ${secs} s)" >&2
+    if [[ -s $run/share/dmesg ]]; then
+      echo "$tag: --- the guest kernel while the command ran (last 40 lines of $run/share/dmesg) ---" >&2
+      tail -n 40 "$run/share/dmesg" | sed "s|^|$tag:   |" >&2
+    fi
   elif [[ -n ${PMIRROR_LAB_TIMING:-} ]]; then
     echo "$tag: ok (guest round ${secs} s)" >&2
   fi

@@ -36,7 +36,14 @@ export PMIRROR_RUNTIME_DIR=$runtime
 
 trap 'echo "FAILED: line $LINENO: $BASH_COMMAND (exit $?)" >&2' ERR
 log() { echo "[$(date +%T)] $*"; }
-die() { echo "FAILED: $*" >&2; exit 1; }
+die() {
+  echo "FAILED: $*" >&2
+  local f
+  for f in /tmp/a1.log /tmp/b2.log; do  # this node's pmirrord, if it runs one
+    [[ -s $f ]] && { echo "--- last lines of $f" >&2; tail -n 30 "$f" >&2; }
+  done
+  exit 1
+}
 
 # Both nodes write the same cluster file.
 a1_path=${PMIRROR_LAB_DAX_DEV:-/tmp/a1.img}
