@@ -42,12 +42,12 @@ class SessionReaper {
   void run();
 
   mutable std::mutex mutex_;
-  std::condition_variable work_;  // a session to end, or stopping
-  std::condition_variable idle_;  // a teardown finished
+  std::condition_variable work_;                // a session to end, or stopping
+  std::condition_variable idle_;                // a teardown finished
   std::deque<std::unique_ptr<Replica>> queue_;  // guarded by mutex_
-  size_t ending_ = 0;                            // guarded by mutex_: being destroyed now
-  bool stopping_ = false;                        // guarded by mutex_
-  std::thread thread_;  // started by the first reap()
+  size_t ending_ = 0;                           // guarded by mutex_: being destroyed now
+  bool stopping_ = false;                       // guarded by mutex_
+  std::thread thread_;                          // started by the first reap()
 };
 
 }  // namespace pmirror::initiator

@@ -100,8 +100,7 @@ TEST_F(VolumeSupervisorTest, ASessionWhoseTeardownBlocksHoldsUpNothingElse) {
     std::lock_guard lock(volume_->core.mutex);
     volume_->peers.drop(peer_at(1), Status(Errc::kConnectionError, "stopped answering"));
   });
-  ASSERT_EQ(dropped.wait_for(60s), std::future_status::ready)
-      << "the drop waited for the teardown";
+  ASSERT_EQ(dropped.wait_for(60s), std::future_status::ready) << "the drop waited for the teardown";
   for (uint64_t i = 0; i < 8; ++i) {
     std::memset(volume_->core.local->data() + (60 + i) * kChunk, 0x63, kChunk);
     ASSERT_TRUE(persist((60 + i) * kChunk, kChunk).ok()) << "persist " << i;
