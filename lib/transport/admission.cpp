@@ -5,6 +5,8 @@
 
 #include <cstring>
 
+#include "common/log.h"
+
 namespace pmirror::transport {
 
 std::string admission_source(const sockaddr* address, socklen_t length) {
@@ -122,6 +124,23 @@ size_t AdmissionControl::unauthenticated(const std::string& source) const {
   std::lock_guard lock(mutex_);
   auto it = per_source_.find(source);
   return it == per_source_.end() ? 0 : it->second;
+}
+
+void AdmissionControl::warn_evicted(const std::string& listener,
+                                    const std::string& newcomer) const {
+  log::warn(
+      "{}: too many unauthenticated connections (max_unauthenticated {}, "
+      "max_unauthenticated_per_source {}): closed the oldest to make room for {}; further ones "
+      "are counted (pmirrorctl status: admission)",
+      listener, options_.max_unauthenticated, options_.max_unauthenticated_per_source, newcomer);
+}
+
+void AdmissionControl::warn_evicted_since(const std::string& listener, uint64_t count,
+                                          std::chrono::seconds period) {
+  log::warn(
+      "{}: closed {} more unauthenticated connection(s) in the last {} s to make room for "
+      "newer ones",
+      listener, count, period.count());
 }
 
 }  // namespace pmirror::transport

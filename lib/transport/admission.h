@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -70,6 +71,13 @@ class AdmissionControl : public std::enable_shared_from_this<AdmissionControl> {
   void count_timed_out() { timed_out_.fetch_add(1); }
   void count_dropped() { dropped_.fetch_add(1); }
   void count_failed() { failed_.fetch_add(1); }
+
+  // The operator's warnings, worded once for every listener (`listener`:
+  // "listener on 0.0.0.0:7450", "rdma listener on ..."): the first eviction
+  // of a rate-limited period, and how many more followed in it.
+  void warn_evicted(const std::string& listener, const std::string& newcomer) const;
+  static void warn_evicted_since(const std::string& listener, uint64_t count,
+                                 std::chrono::seconds period);
 
   AdmissionCounters counters() const;
   const AdmissionOptions& options() const { return options_; }

@@ -370,10 +370,7 @@ class RdmaListener final : public Listener {
       const auto now = Clock::now();
       expire(now);
       if (uint64_t n = evicted_log_.unreported(now))
-        log::warn(
-            "rdma listener on {}: closed {} more unauthenticated connection(s) in the "
-            "last {} s to make room for newer ones",
-            where_, n, kLogInterval.count());
+        AdmissionControl::warn_evicted_since("rdma listener on " + where_, n, kLogInterval);
       if (!ready_.empty()) {
         std::unique_ptr<Connection> c = std::move(ready_.front());
         ready_.pop_front();
@@ -541,14 +538,7 @@ class RdmaListener final : public Listener {
         source, [raw_id] { rdma_disconnect(raw_id); }, &made_room);
     if (made_room) {
       sweep_evicted();
-      if (evicted_log_.count()) {
-        const AdmissionOptions& o = control_->options();
-        log::warn(
-            "rdma listener on {}: too many unauthenticated connections (max_unauthenticated {}, "
-            "max_unauthenticated_per_source {}): closed the oldest to make room for {}; further "
-            "ones are counted (pmirrorctl status: admission)",
-            where_, o.max_unauthenticated, o.max_unauthenticated_per_source, peer);
-      }
+      if (evicted_log_.count()) control_->warn_evicted("rdma listener on " + where_, peer);
     }
     auto channel = make_channel();
     if (!channel.ok()) {

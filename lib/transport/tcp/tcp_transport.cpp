@@ -319,14 +319,7 @@ class TcpListener final : public Listener {
         admission_source(address, len), [raw] { ::shutdown(raw, SHUT_RDWR); }, &made_room);
     if (made_room) {
       sweep_evicted();
-      if (evicted_log_.count()) {
-        const AdmissionOptions& o = control_->options();
-        log::warn(
-            "listener on {}: too many unauthenticated connections (max_unauthenticated {}, "
-            "max_unauthenticated_per_source {}): closed the oldest to make room for {}; further "
-            "ones are counted (pmirrorctl status: admission)",
-            where_, o.max_unauthenticated, o.max_unauthenticated_per_source, peer);
-      }
+      if (evicted_log_.count()) control_->warn_evicted("listener on " + where_, peer);
     }
     (void)set_nodelay(raw);
     auto p = std::make_unique<Pending>();
@@ -456,10 +449,7 @@ class TcpListener final : public Listener {
   // The per-interval sums of what was not logged line by line.
   void report(Clock::time_point now) {
     if (uint64_t n = evicted_log_.unreported(now))
-      log::warn(
-          "listener on {}: closed {} more unauthenticated connection(s) in the last {} s to make "
-          "room for newer ones",
-          where_, n, kLogInterval.count());
+      AdmissionControl::warn_evicted_since("listener on " + where_, n, kLogInterval);
     if (uint64_t n = exhausted_log_.unreported(now))
       log::warn(
           "listener on {}: accept ran out of file descriptors or memory {} more time(s) "
