@@ -7,7 +7,6 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/mount.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -25,6 +24,7 @@
 #include "control/control.h"
 #include "initiator/initiator.h"
 #include "support/daemon_process.h"
+#include "support/small_filesystem.h"
 
 namespace pmirror {
 namespace {
@@ -35,6 +35,7 @@ using initiator::Volume;
 using initiator::VolumeOptions;
 using nlohmann::json;
 using testing::DaemonProcess;
+using testing::SmallFilesystem;
 using testing::TempDir;
 using testing::VolumeSpec;
 
@@ -125,8 +126,8 @@ class DurabilityTest : public ::testing::Test {
     o.reconnect_initial = 100ms;
     o.reconnect_max = 400ms;
     for (size_t t : targets) {
-      o.replicas.push_back({"127.0.0.1", targets_[t]->port(), "tcp", kSecret,
-                            "target" + std::to_string(t)});
+      o.replicas.push_back(
+          {"127.0.0.1", targets_[t]->port(), "tcp", kSecret, "target" + std::to_string(t)});
     }
     return o;
   }
@@ -282,30 +283,6 @@ TEST_F(DurabilityTest, WithTwoReplicasTheFailingOneIsCountedOutAndPersistsGoOn) 
     }
   }
 }
-
-// A small tmpfs, mounted for the test (root only).
-class SmallFilesystem {
- public:
-  SmallFilesystem(const std::string& dir, const std::string& size) : dir_(dir) {
-    std::filesystem::create_directories(dir);
-    std::string options = "size=" + size;
-    if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, options.c_str()) == 0) {
-      mounted_ = true;
-    } else {
-      error_ = std::strerror(errno);
-    }
-  }
-  ~SmallFilesystem() {
-    if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
-  }
-  bool mounted() const { return mounted_; }
-  const std::string& error() const { return error_; }
-
- private:
-  std::string dir_;
-  bool mounted_ = false;
-  std::string error_;
-};
 
 TEST_F(DurabilityTest, AVolumeLargerThanItsFileSystemIsRefusedAtStartNotKilledBySigbus) {
   SmallFilesystem small(tmp_.file("small"), "2m");

@@ -3,7 +3,6 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +16,8 @@
 #include <limits>
 #include <string>
 #include <vector>
+
+#include "support/small_filesystem.h"
 
 // Write-back errors on demand: Region persists a plain file with
 // pmem_msync, which this definition interposes (the executable's symbol
@@ -311,28 +312,7 @@ TEST_F(RegionTest, OpenAllocatesTheHolesOfASparseFileAndKeepsItsData) {
   EXPECT_EQ(std::memcmp((*r)->data() + 3 * kMiB + 5, "tail", 4), 0);
 }
 
-// A small tmpfs, mounted for the test (root only).
-class SmallFilesystem {
- public:
-  SmallFilesystem(const std::string& dir, const std::string& size) : dir_(dir) {
-    fs::create_directories(dir);
-    if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, ("size=" + size).c_str()) == 0) {
-      mounted_ = true;
-    } else {
-      error_ = std::strerror(errno);
-    }
-  }
-  ~SmallFilesystem() {
-    if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
-  }
-  bool mounted() const { return mounted_; }
-  const std::string& error() const { return error_; }
-
- private:
-  std::string dir_;
-  bool mounted_ = false;
-  std::string error_;
-};
+using testing::SmallFilesystem;
 
 TEST_F(RegionTest, AVolumeLargerThanTheFreeSpaceIsAnErrorAtCreateAndAtOpen) {
   SmallFilesystem small(path("small"), "2m");
