@@ -63,7 +63,7 @@ void classify(const pmirror::Status& status, Gathered& gathered) {
   note(status.message());
 }
 
-// Initiator sockets whose process is gone are skipped with a note.
+// A socket whose process is gone (refused) or that went away meanwhile.
 bool is_stale(const pmirror::Status& status) {
   return status.code() == Errc::kConnectionError || status.code() == Errc::kNotFound;
 }
@@ -90,9 +90,21 @@ Gathered gather_status(const Global& global) {
     auto status = control::request(socket.path, request, timeout);
     if (status.ok()) {
       gathered.statuses.push_back(std::move(status).value());
-    } else if (is_stale(status.status())) {
-      note("note: ignoring stale socket " + socket.path + " (process " +
-           std::to_string(socket.pid) + " has gone)");
+    } else if (status.status().code() == Errc::kNotFound) {
+      continue;  // closed its volume meanwhile
+    } else if (status.status().code() == Errc::kConnectionError) {
+      // Left by a process that died with a volume open: removed, so that
+      // the next call says nothing about it.
+      const std::string pid = std::to_string(socket.pid);
+      auto removed = control::remove_if_stale(socket);
+      if (!removed.ok()) {
+        note("note: ignoring stale socket " + socket.path + ": " + removed.status().message());
+      } else if (*removed) {
+        note("note: removed stale socket " + socket.path + " (process " + pid + " has gone)");
+      } else {
+        note("note: ignoring " + socket.path + ": nothing listens there, yet process " + pid +
+             " exists");
+      }
     } else if (status.status().code() == Errc::kInvalidArgument) {
       note("note: ignoring " + socket.path + ": not a socket");
     } else {
@@ -407,7 +419,9 @@ int run_role(const Global& global, const json& request, bool as_json) {
 }
 
 int run_config_check(const std::string& file, const std::string& node) {
-  std::vector<std::string> problems = pmirror::config::check_cluster_file(file, node);
+  std::vector<std::string> warnings;
+  std::vector<std::string> problems = pmirror::config::check_cluster_file(file, node, &warnings);
+  for (const std::string& warning : warnings) std::fprintf(stderr, "%s\n", warning.c_str());
   if (problems.empty()) {
     std::printf("%s: OK\n", file.c_str());
     return kExitOk;

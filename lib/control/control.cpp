@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -273,6 +274,26 @@ Result<std::vector<InitiatorSocket>> list_initiator_sockets(const std::string& d
   std::sort(sockets.begin(), sockets.end(),
             [](const InitiatorSocket& a, const InitiatorSocket& b) { return a.pid < b.pid; });
   return sockets;
+}
+
+Result<bool> remove_if_stale(const InitiatorSocket& socket) {
+  // A pid that exists (even another user's: EPERM) may be the owner.
+  if (::kill(socket.pid, 0) == 0 || errno != ESRCH) return false;
+  auto connected = connect_to(socket.path, std::chrono::milliseconds(100));
+  if (connected.ok() || connected.status().code() != Errc::kConnectionError ||
+      connected.status().message().rfind("stale socket", 0) != 0) {
+    return false;  // something answers, or it is not a socket we know how to judge
+  }
+  if (::unlink(socket.path.c_str()) != 0) {
+    int err = errno;
+    if (err == ENOENT) return true;  // another pmirrorctl was quicker
+    if (err == EACCES || err == EPERM) {
+      return Status(Errc::kPermissionDenied, "cannot remove stale socket " + socket.path +
+                                                 ": permission denied (run as root)");
+    }
+    return errno_status(Errc::kIoError, "cannot remove stale socket " + socket.path, err);
+  }
+  return true;
 }
 
 Status unknown_command(const nlohmann::json& request) {

@@ -84,6 +84,11 @@ struct InitiatorSocket {
 // Every initiator-<pid>.sock in `dir`, sorted by pid. A missing directory is
 // an empty list; an unreadable one an error.
 Result<std::vector<InitiatorSocket>> list_initiator_sockets(const std::string& dir = runtime_dir());
+// Removes `socket` if it is stale: its process has gone (no such pid) and
+// nothing listens on it (a process that died without closing its volume).
+// true: removed; false: left alone (its process lives, or something
+// answers there). Errors: kPermissionDenied, kIoError from unlink.
+Result<bool> remove_if_stale(const InitiatorSocket& socket);
 
 // Handles one request (a JSON object with a string "command"; never
 // "events", which the Server handles). Calls are serialised by the Server,

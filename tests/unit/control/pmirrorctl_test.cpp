@@ -192,13 +192,41 @@ TEST_F(Pmirrorctl, StaleInitiatorSocketsAreSkippedWithANote) {
   CtlRun r = run("status");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("db1 role:replica"), std::string::npos);
-  EXPECT_NE(r.err.find("note: ignoring stale socket " + dir_ +
+  EXPECT_NE(r.err.find("note: removed stale socket " + dir_ +
                        "/initiator-999998.sock (process 999998 has gone)"),
             std::string::npos)
       << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/initiator-999998.sock"));
   EXPECT_NE(r.err.find("note: ignoring " + dir_ + "/initiator-999999.sock: not a socket"),
             std::string::npos)
       << r.err;
+  // Removed once: the next call has nothing to say about it.
+  CtlRun again = run("status");
+  EXPECT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(again.err.find("stale socket"), std::string::npos) << again.err;
+  // A file that is not a socket is someone else's: left alone.
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/initiator-999999.sock"));
+}
+
+TEST_F(Pmirrorctl, ASocketWhoseProcessLivesIsNeverRemoved) {
+  auto daemon = Server::start(daemon_socket_path(dir_), canned(testing::daemon_status()));
+  ASSERT_TRUE(daemon.ok());
+  // Nothing listens, but its process (this one) is alive: perhaps it is
+  // opening a volume right now.
+  std::string mine = initiator_socket_path(::getpid(), dir_);
+  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, mine.c_str(), sizeof(address.sun_path) - 1);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ::close(fd);
+  CtlRun r = run("status");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("note: ignoring " + mine + ": nothing listens there, yet process " +
+                       std::to_string(::getpid()) + " exists"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(std::filesystem::exists(mine));
 }
 
 TEST_F(Pmirrorctl, OnlyInitiatorsRunning) {
