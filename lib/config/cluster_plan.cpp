@@ -226,7 +226,8 @@ Result<InitiatorPlan> initiator_plan(const ClusterConfig& cluster, const std::st
   return plan;
 }
 
-std::vector<std::string> check_cluster_file(const std::string& path, std::string_view node) {
+std::vector<std::string> check_cluster_file(const std::string& path, std::string_view node,
+                                            std::vector<std::string>* warnings) {
   auto text = read_config_file(path);
   if (!text.ok()) return {text.status().message()};
   std::vector<Problem> problems;
@@ -241,6 +242,9 @@ std::vector<std::string> check_cluster_file(const std::string& path, std::string
     }
   } else if (auto resolved = resolve_node(config, {}); resolved.ok()) {
     self = *resolved;
+  } else if (warnings != nullptr && !config.nodes.empty()) {
+    warnings->push_back(path + ": warning: " + resolved.status().message() +
+                        "; checked as no node in particular");
   }
   for (size_t i = 0; i < config.volumes.size(); ++i) {
     const ClusterVolume& volume = config.volumes[i];

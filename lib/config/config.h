@@ -279,8 +279,11 @@ Result<InitiatorPlan> initiator_plan(const ClusterConfig& cluster, const std::st
 // Beyond parsing it reads secret files and compares the size of existing
 // plain files with the volume's size -- for `node` (explicit, else the node
 // matching this host name); when no node matches, every volume's secret
-// file is read and no local file is checked.
-std::vector<std::string> check_cluster_file(const std::string& path, std::string_view node = {});
+// file is read and no local file is checked, and `warnings` (if given)
+// gets a line saying so: the file is valid, but pmirrord started here
+// without --node would refuse it.
+std::vector<std::string> check_cluster_file(const std::string& path, std::string_view node = {},
+                                            std::vector<std::string>* warnings = nullptr);
 
 // "64MiB", "1G", "4096" -> bytes. Suffixes K,M,G,T with optional "iB"/"B",
 // all powers of 1024. Rejects negatives, fractions, overflow, junk.

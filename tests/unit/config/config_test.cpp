@@ -1280,6 +1280,19 @@ TEST(ClusterConfigTest, CheckClusterFileListsEveryProblem) {
   std::string good = dir.write("good.yaml", with_secret_file(secret));
   EXPECT_EQ(check_cluster_file(good, "n2"), std::vector<std::string>{});
   EXPECT_EQ(check_cluster_file(good), std::vector<std::string>{});  // no node: every secret
+  // ... but the host that matches no node is told so: pmirrord would refuse
+  // to start here without --node (the test machine is none of n1..n3).
+  std::vector<std::string> warnings;
+  EXPECT_EQ(check_cluster_file(good, {}, &warnings), std::vector<std::string>{});
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0].rfind(good + ": warning: this machine's host name '", 0), 0u)
+      << warnings[0];
+  EXPECT_NE(warnings[0].find("is not a node in " + good + " (nodes: n1, n2, n3)"),
+            std::string::npos)
+      << warnings[0];
+  warnings.clear();
+  EXPECT_EQ(check_cluster_file(good, "n2", &warnings), std::vector<std::string>{});
+  EXPECT_TRUE(warnings.empty()) << "a named node is no surprise";
 
   // A parse problem and an unreadable secret file are both reported, in
   // file order.
