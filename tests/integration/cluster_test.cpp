@@ -46,14 +46,15 @@ std::string test_address() { return env_or("PMIRROR_TEST_ADDRESS", "127.0.0.1");
 int run(const std::vector<std::string>& argv, std::string& out) {
   int pipe_fds[2];
   if (::pipe(pipe_fds) != 0) return -1;
+  // Made before fork: the child of a threaded process must not allocate.
+  std::vector<char*> args;
+  std::vector<std::string> copies = argv;
+  for (auto& a : copies) args.push_back(a.data());
+  args.push_back(nullptr);
   pid_t pid = ::fork();
   if (pid == 0) {
     ::dup2(pipe_fds[1], 1);
     ::close(pipe_fds[0]);
-    std::vector<char*> args;
-    std::vector<std::string> copies = argv;
-    for (auto& a : copies) args.push_back(a.data());
-    args.push_back(nullptr);
     ::execv(args[0], args.data());
     ::_exit(127);
   }
@@ -75,14 +76,14 @@ class Node {
 
   bool start() {
     size_t offset = read_log().size();
+    const std::string binary = testing::daemon_binary();  // before fork: no allocation after
     pid_ = ::fork();
     if (pid_ == 0) {
       int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       ::dup2(fd, 1);
       ::dup2(fd, 2);
-      std::string binary = testing::daemon_binary();
-      ::execl(binary.c_str(), binary.c_str(), "--config", config_.c_str(), "--node",
-              name_.c_str(), "--foreground", nullptr);
+      ::execl(binary.c_str(), binary.c_str(), "--config", config_.c_str(), "--node", name_.c_str(),
+              "--foreground", nullptr);
       ::_exit(127);
     }
     for (int i = 0; i < 400; ++i) {
@@ -162,8 +163,9 @@ class ClusterTest : public ::testing::Test {
         << "    primary: app\n"
         << "    replicas: [node1, node2]\n"
         << "    ack: 1\n"
-        << "    paths: {app: " << tmp_.file("app-v1.img") << ", node1: "
-        << tmp_.file("node1-v1.img") << ", node2: " << tmp_.file("node2-v1.img") << "}\n"
+        << "    paths: {app: " << tmp_.file("app-v1.img")
+        << ", node1: " << tmp_.file("node1-v1.img") << ", node2: " << tmp_.file("node2-v1.img")
+        << "}\n"
         << "    create: true\n"
         << "    allowed_peers: [app]\n"
         << "    secret: \"cluster test secret, long\"\n";
@@ -186,9 +188,9 @@ class ClusterTest : public ::testing::Test {
   // `pmirrorctl status --json` as an operator runs it on node `node`.
   json status(int node) {
     std::string out;
-    int code = run({PMIRRORCTL_PATH, "--socket", socket(node), "--runtime-dir", runtime_,
-                    "status", "--json"},
-                   out);
+    int code = run(
+        {PMIRRORCTL_PATH, "--socket", socket(node), "--runtime-dir", runtime_, "status", "--json"},
+        out);
     if (code != 0) return json{{"exit", code}, {"output", out}};
     return json::parse(out, nullptr, false);
   }
@@ -307,7 +309,8 @@ TEST_F(ClusterTest, ReloadAddsAndRemovesVolumesWithoutTouchingTheOthers) {
   node1_->hup();
   ASSERT_TRUE(eventually([&] {
     return volume_names(status(1), "pmirrord") == std::vector<std::string>{"v1", "v4"};
-  })) << status(1).dump(2) << node1_->read_log();
+  })) << status(1).dump(2)
+      << node1_->read_log();
   // v1's session was not touched.
   EXPECT_EQ(peer_state(status(1), "pmirrord", "v1", "app@"), "connected");
   EXPECT_TRUE((*volume)->write(0, "still here", 10).ok());
@@ -331,7 +334,8 @@ TEST_F(ClusterTest, ReloadAddsAndRemovesVolumesWithoutTouchingTheOthers) {
 TEST_F(ClusterTest, PmirrorctlSaysWhenNothingRuns) {
   node1_->kill(SIGTERM);
   std::string out;
-  int code = run({PMIRRORCTL_PATH, "--socket", socket(1), "--runtime-dir", runtime_, "status"}, out);
+  int code =
+      run({PMIRRORCTL_PATH, "--socket", socket(1), "--runtime-dir", runtime_, "status"}, out);
   EXPECT_EQ(code, 3) << out;
 }
 

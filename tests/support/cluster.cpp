@@ -67,13 +67,16 @@ RunResult run_program(const std::vector<std::string>& argv, std::chrono::millise
   int out_pipe[2], err_pipe[2];
   if (::pipe2(out_pipe, O_CLOEXEC) != 0) return result;
   if (::pipe2(err_pipe, O_CLOEXEC) != 0) return result;
+  // Everything the child needs is made before fork: after it, in a
+  // threaded process, the child may only make async-signal-safe calls (an
+  // allocation can wait forever for a lock another thread held).
+  std::vector<std::string> copies = argv;
+  auto args = c_argv(copies);
   pid_t pid = ::fork();
   if (pid == 0) {
     ::dup2(out_pipe[1], 1);
     ::dup2(err_pipe[1], 2);
     ::close_range(3, ~0u, 0);
-    std::vector<std::string> copies = argv;
-    auto args = c_argv(copies);
     ::execv(args[0], args.data());
     ::_exit(127);
   }
@@ -119,13 +122,13 @@ ClusterDaemon::~ClusterDaemon() { kill9(); }
 bool ClusterDaemon::start(std::chrono::milliseconds limit) {
   if (running()) return true;
   size_t offset = log().size();
+  const std::string binary = daemon_binary();  // before fork (see run_program)
   pid_ = ::fork();
   if (pid_ == 0) {
     int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     ::dup2(fd, 1);
     ::dup2(fd, 2);
     ::close_range(3, ~0u, 0);  // nothing of the test process (its sockets) leaks in
-    std::string binary = daemon_binary();
     ::execl(binary.c_str(), binary.c_str(), "--config", config_.c_str(), "--node", node_.c_str(),
             "--foreground", nullptr);
     ::_exit(127);
@@ -335,6 +338,8 @@ bool LineProcess::start(const std::vector<std::string>& argv, const std::string&
   stderr_path_ = stderr_path;
   int out_pipe[2];
   if (::pipe2(out_pipe, O_CLOEXEC) != 0) return false;
+  std::vector<std::string> copies = argv;  // before fork (see run_program)
+  auto args = c_argv(copies);
   pid_ = ::fork();
   if (pid_ < 0) return false;
   if (pid_ == 0) {
@@ -342,8 +347,6 @@ bool LineProcess::start(const std::vector<std::string>& argv, const std::string&
     int err = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     ::dup2(err, 2);
     ::close_range(3, ~0u, 0);
-    std::vector<std::string> copies = argv;
-    auto args = c_argv(copies);
     ::execv(args[0], args.data());
     ::_exit(127);
   }

@@ -11,10 +11,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 #include <thread>
 
 namespace pmirror::testing {
@@ -23,8 +25,8 @@ TempDir::TempDir() {
   std::random_device rd;
   auto base = std::filesystem::temp_directory_path();
   for (int i = 0; i < 100; ++i) {
-    auto candidate = base / ("pmirror-test-" + std::to_string(getpid()) + "-" +
-                             std::to_string(rd() % 1000000));
+    auto candidate =
+        base / ("pmirror-test-" + std::to_string(getpid()) + "-" + std::to_string(rd() % 1000000));
     if (std::filesystem::create_directory(candidate)) {
       path_ = candidate;
       return;
@@ -115,22 +117,55 @@ bool DaemonProcess::start() {
     }
   }
   log_offset_ = log().size();  // a restart appends to the same log
+  // Everything the child needs is made before fork: after it, in a
+  // threaded process, the child may only make async-signal-safe calls (an
+  // allocation or setenv can wait forever for a lock another thread held).
+  const std::string binary = daemon_binary();
+  std::vector<std::string> environment;
+  std::vector<size_t> pid_slots;  // entries whose value is the child's pid, filled in by it
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    std::string_view text(*entry);
+    bool replaced = false;
+    for (const auto& [name, value] : env) replaced |= text.starts_with(name + "=");
+    if (!replaced) environment.emplace_back(text);
+  }
+  for (const auto& [name, value] : env) {
+    if (value == "{pid}") {
+      pid_slots.push_back(environment.size());
+      environment.push_back(name + "=" + std::string(20, '\0'));
+    } else {
+      environment.push_back(name + "=" + value);
+    }
+  }
+  std::vector<char*> envp;
+  for (auto& entry : environment) envp.push_back(entry.data());
+  envp.push_back(nullptr);
+  char* argv[] = {const_cast<char*>(binary.c_str()),
+                  const_cast<char*>("--config"),
+                  config_path_.data(),
+                  const_cast<char*>("--node"),
+                  node_.data(),
+                  const_cast<char*>("--foreground"),
+                  nullptr};
   pid_ = ::fork();
   if (pid_ == 0) {
     int log = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     ::dup2(log, 1);
     ::dup2(log, 2);
-    for (const auto& [name, value] : env) {
-      std::string v = value == "{pid}" ? std::to_string(::getpid()) : value;
-      ::setenv(name.c_str(), v.c_str(), 1);
+    for (size_t slot : pid_slots) {
+      // The pid's digits after "NAME=", written in place.
+      char* digits = std::strchr(envp[slot], '=') + 1;
+      char reversed[20];
+      int n = 0;
+      for (pid_t pid = ::getpid(); pid > 0 && n < 20; pid /= 10)
+        reversed[n++] = char('0' + pid % 10);
+      for (int i = 0; i < n; ++i) digits[i] = reversed[n - 1 - i];
     }
     if (nofile_limit > 0) {
       rlimit limit{nofile_limit, nofile_limit};
       if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) ::_exit(126);
     }
-    std::string binary = daemon_binary();
-    ::execl(binary.c_str(), binary.c_str(), "--config", config_path_.c_str(), "--node",
-            node_.c_str(), "--foreground", nullptr);
+    ::execve(binary.c_str(), argv, envp.data());
     ::_exit(127);
   }
   // The first start may create volumes and the state pool: give it time.
@@ -189,17 +224,18 @@ std::string DaemonProcess::log() const {
 int run_daemon_to_exit(const std::vector<std::string>& args, std::string& output) {
   int pipe_fds[2];
   if (::pipe(pipe_fds) != 0) return -1;
+  // Made before fork: the child of a threaded process must not allocate.
+  std::string binary = daemon_binary();
+  std::vector<char*> argv;
+  argv.push_back(binary.data());
+  std::vector<std::string> copies = args;
+  for (auto& a : copies) argv.push_back(a.data());
+  argv.push_back(nullptr);
   pid_t pid = ::fork();
   if (pid == 0) {
     ::dup2(pipe_fds[1], 1);
     ::dup2(pipe_fds[1], 2);
     ::close(pipe_fds[0]);
-    std::string binary = daemon_binary();
-    std::vector<char*> argv;
-    argv.push_back(binary.data());
-    std::vector<std::string> copies = args;
-    for (auto& a : copies) argv.push_back(a.data());
-    argv.push_back(nullptr);
     ::execv(binary.c_str(), argv.data());
     ::_exit(127);
   }
