@@ -27,6 +27,8 @@ set(pmirror_out "${PMIRROR_BINARY_DIR}/install-time/${pmirror_key}")
 file(READ "${PMIRROR_SOURCE_DIR}/systemd/pmirrord.service" pmirror_unit)
 string(REPLACE "ExecStart=/usr/sbin/pmirrord " "ExecStart=${pmirror_sbindir}/pmirrord "
                pmirror_unit "${pmirror_unit}")
+string(REPLACE "ExecReload=/usr/sbin/pmirrorctl " "ExecReload=${pmirror_sbindir}/pmirrorctl "
+               pmirror_unit "${pmirror_unit}")
 file(WRITE "${pmirror_out}/pmirrord.service" "${pmirror_unit}")
 file(INSTALL DESTINATION "${pmirror_unitdir}" TYPE FILE FILES "${pmirror_out}/pmirrord.service")
 

@@ -15,7 +15,7 @@ _pmirrorctl() {
   _pmirrorctl_command=${words[0]}
 
   local global_options='--socket --runtime-dir --timeout --help --version'
-  local commands='status events resync verify promote demote config'
+  local commands='status events resync verify promote demote reload config'
 
   # The subcommand: the first word that is neither an option nor the value
   # of a global option.
@@ -78,11 +78,12 @@ _pmirrorctl() {
   local options=
   case $command in
     status) options='--json --help' ;;
-    events) options='--json --count --help' ;;
+    events) options='--json --count --now --help' ;;
     resync) options='--peer --full --json --help' ;;
     verify) options='--peer --mark-dirty --json --help' ;;
     promote) options='--force --json --help' ;;
     demote) options='--json --help' ;;
+    reload) options='--dry-run --json --help' ;;
     config)
       if ((positional == 0)); then
         [[ $cur == -* ]] && options='--help' || COMPREPLY=($(compgen -W 'check' -- "$cur"))

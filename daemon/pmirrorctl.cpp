@@ -155,6 +155,24 @@ int run_status(const Global& global, const std::optional<std::string>& volume, b
 
 // Subscribes to every process on the node, and to those that appear later,
 // printing events as they arrive.
+// events --now: the state of every process as "exists" events, then exit.
+int run_events_now(const Global& global, bool as_json) {
+  Gathered gathered = gather_status(global);
+  if (gathered.statuses.empty()) {
+    if (gathered.permission_denied) return kExitPermission;
+    if (gathered.other_error) return kExitError;
+    return nothing_running(global);
+  }
+  for (const json& status : gathered.statuses) {
+    for (const json& event : control::state_events(status)) {
+      std::string line = as_json ? event.dump(-1, ' ', false, json::error_handler_t::replace)
+                                 : control::format_event_human(event);
+      std::printf("%s\n", line.c_str());
+    }
+  }
+  return incomplete_exit(gathered);
+}
+
 class EventStream {
  public:
   EventStream(const Global& global, bool as_json, uint64_t count)
@@ -228,23 +246,32 @@ class EventStream {
     auto source = std::make_unique<Source>();
     Source* raw = source.get();
     raw->thread = std::jthread([this, path, raw](std::stop_token stop) {
+      // Subscribed first, then the state: every event that follows is
+      // newer than the state printed.
+      auto print_state = [this, &path] {
+        auto status = control::request(path, {{"command", "status"}},
+                                       std::chrono::milliseconds(global_.timeout_ms));
+        if (!status.ok()) return;  // it went away; the subscription says so
+        for (const json& event : control::state_events(*status)) print(event, /*counted=*/false);
+      };
       pmirror::Status ended = control::subscribe(
           path, [this](const json& event) { return print(event); }, stop,
-          std::chrono::milliseconds(global_.timeout_ms));
+          std::chrono::milliseconds(global_.timeout_ms), print_state);
       if (!stop.stop_requested() && !ended.ok()) note("note: " + ended.message());
       raw->done.store(true);
     });
     sources_.emplace(path, std::move(source));
   }
 
-  bool print(const json& event) {
+  // `counted`: a change, as --count counts them (the state lines are not).
+  bool print(const json& event, bool counted = true) {
     std::lock_guard lock(mutex_);
     if (finished_) return false;
     std::string line = as_json_ ? event.dump(-1, ' ', false, json::error_handler_t::replace)
                                 : control::format_event_human(event);
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
-    if (count_ != 0 && ++printed_ >= count_) {
+    if (counted && count_ != 0 && ++printed_ >= count_) {
       finished_ = true;
       wake_.notify_all();
       return false;
@@ -418,6 +445,58 @@ int run_role(const Global& global, const json& request, bool as_json) {
   return kExitOk;
 }
 
+// "v2, v3" or "none".
+std::string names_or_none(const json& names) {
+  std::string out;
+  if (names.is_array()) {
+    for (const json& name : names) {
+      if (name.is_string()) out += (out.empty() ? "" : ", ") + name.get<std::string>();
+    }
+  }
+  return out.empty() ? "none" : out;
+}
+
+// reload [--dry-run]: pmirrord reads its cluster file again. A rejection
+// is exit code 2 with pmirrord's reasons, so that `systemctl reload` fails.
+int run_reload(const Global& global, bool dry_run, bool as_json) {
+  std::chrono::milliseconds timeout(global.timeout_given ? global.timeout_ms : kRoleTimeoutMs);
+  if (pmirror::Status live =
+          control::probe(global.socket, std::chrono::milliseconds(global.timeout_ms));
+      !live.ok()) {
+    note(live.message());
+    if (live.code() == Errc::kPermissionDenied) return kExitPermission;
+    if (is_stale(live)) return kExitNotRunning;
+    return kExitError;
+  }
+  auto result =
+      control::request(global.socket, {{"command", "reload"}, {"dry_run", dry_run}}, timeout);
+  if (!result.ok()) {
+    // pmirrord's own answer (a config error, a volume it cannot open) is a
+    // rejection; not getting one is the usual failure.
+    const Errc code = result.status().code();
+    if (code == Errc::kTimeout || code == Errc::kConnectionError || code == Errc::kClosed ||
+        code == Errc::kProtocolError || code == Errc::kPermissionDenied ||
+        result.status().message().rfind("unknown command", 0) == 0) {
+      return command_failed(result.status());
+    }
+    note(std::string(dry_run ? "a reload would be rejected" : "reload rejected") +
+         ", the running configuration stays: " + result.status().message());
+    return kExitConfig;
+  }
+  if (as_json) {
+    print_json(*result);
+  } else if (dry_run) {
+    std::printf(
+        "a reload would add %s; change %s; remove %s\n", names_or_none((*result)["added"]).c_str(),
+        names_or_none((*result)["changed"]).c_str(), names_or_none((*result)["removed"]).c_str());
+  } else {
+    std::printf(
+        "reloaded: added %s; changed %s; removed %s\n", names_or_none((*result)["added"]).c_str(),
+        names_or_none((*result)["changed"]).c_str(), names_or_none((*result)["removed"]).c_str());
+  }
+  return kExitOk;
+}
+
 int run_config_check(const std::string& file, const std::string& node) {
   std::vector<std::string> warnings;
   std::vector<std::string> problems = pmirror::config::check_cluster_file(file, node, &warnings);
@@ -477,7 +556,10 @@ int main(int argc, char** argv) {
   auto* events =
       app.add_subcommand("events", "print state changes as they happen, until interrupted");
   events->add_flag("--json", events_json, "one JSON object per line, as the processes send them");
-  events->add_option("--count", count, "exit after this many events (0: never)");
+  events->add_option("--count", count,
+                     "exit after this many changes (0: never; the current state does not count)");
+  bool events_now = false;
+  events->add_flag("--now", events_now, "print the current state and exit");
 
   auto* config = app.add_subcommand("config", "configuration files");
   config->require_subcommand(1);
@@ -514,6 +596,12 @@ int main(int argc, char** argv) {
   demote->add_option("VOLUME", command_volume, "a volume pmirrord holds on this node")->required();
   demote->add_flag("--json", command_json, "print the reply as JSON (docs/control.md)");
 
+  bool dry_run = false;
+  auto* reload = app.add_subcommand(
+      "reload", "make pmirrord read its cluster file again (exit code 2 if it refuses)");
+  reload->add_flag("--dry-run", dry_run, "only say what a reload would add, change and remove");
+  reload->add_flag("--json", command_json, "print the reply as JSON (docs/control.md)");
+
   // Hidden (no group): what the bash completion asks for.
   std::string complete_what, complete_file = pmirror::kDefaultClusterFile;
   auto* complete = app.add_subcommand("__complete", "")->group("");
@@ -533,7 +621,10 @@ int main(int argc, char** argv) {
 
   if (complete->parsed()) return run_complete(complete_what, complete_file);
   if (status->parsed()) return run_status(global, volume, as_json);
-  if (events->parsed()) return EventStream(global, events_json, count).run();
+  if (events->parsed()) {
+    if (events_now) return run_events_now(global, events_json);
+    return EventStream(global, events_json, count).run();
+  }
   if (check->parsed()) return run_config_check(config_file, node);
   if (resync->parsed()) return run_resync(global, command_volume, peer, full, command_json);
   if (verify->parsed()) return run_verify(global, command_volume, peer, mark_dirty, command_json);
@@ -541,6 +632,7 @@ int main(int argc, char** argv) {
     return run_role(global, {{"command", "promote"}, {"volume", command_volume}, {"force", force}},
                     command_json);
   }
+  if (reload->parsed()) return run_reload(global, dry_run, command_json);
   if (demote->parsed()) {
     return run_role(global, {{"command", "demote"}, {"volume", command_volume}}, command_json);
   }

@@ -5,8 +5,11 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <functional>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <system_error>
 #include <thread>
@@ -140,11 +143,54 @@ int main(int argc, char** argv) {
     spdlog::critical("{}", target.status().message());
     return kExitStart;
   }
+  // A reload (SIGHUP, or `pmirrorctl reload` on the control socket): the
+  // file read again, this node's part checked, then applied -- or with
+  // dry_run only compared. One at a time.
+  std::mutex reload_mutex;
+  auto reload = [&](bool dry_run) -> pmirror::Result<pmirror::target::ReloadResult> {
+    std::lock_guard lock(reload_mutex);
+    spdlog::info("{}reloading {}", dry_run ? "dry run: " : "", config_path);
+    auto reloaded = [&]() -> pmirror::Result<pmirror::target::ReloadResult> {
+      auto next_cluster = pmirror::config::load_cluster_config(config_path);
+      if (!next_cluster.ok()) return next_cluster.status();
+      auto next = pmirror::config::daemon_config_for(*next_cluster, config.node);
+      if (!next.ok()) return next.status();
+      return (*target)->reload(*next, dry_run);
+    }();
+    if (!reloaded.ok()) {
+      spdlog::error("{}reload rejected, the running configuration stays: {}",
+                    dry_run ? "dry run: " : "", reloaded.status().message());
+    }
+    return reloaded;
+  };
+  // STATUS= for systemd; set once everything runs, then `ready` (a reload
+  // on the control socket before that tells systemd nothing).
+  std::function<std::string()> service_status;
+  std::atomic<bool> ready{false};
+
   auto server = pmirror::control::Server::start(
       config.control_socket,
-      [&target](const nlohmann::json& request) -> pmirror::Result<nlohmann::json> {
+      [&target, &reload, &service_status,
+       &ready](const nlohmann::json& request) -> pmirror::Result<nlohmann::json> {
         const std::string command = request.value("command", "");
         if (command == "status") return pmirror::target::to_json((*target)->status());
+        if (command == "reload") {
+          auto dry_run = request.find("dry_run");
+          if (dry_run != request.end() && !dry_run->is_boolean()) {
+            return pmirror::Status(pmirror::Errc::kInvalidArgument,
+                                   "reload: \"dry_run\" must be true or false");
+          }
+          const bool dry = dry_run != request.end() && dry_run->get<bool>();
+          if (!dry && ready.load()) pmirror::systemd::notify_reloading();
+          auto reloaded = reload(dry);
+          if (!dry && ready.load()) {
+            pmirror::systemd::notify_ready(reloaded.ok() ? service_status()
+                                                         : "reload rejected (see the log); " +
+                                                               service_status());
+          }
+          if (!reloaded.ok()) return reloaded.status();
+          return pmirror::target::to_json(*reloaded);
+        }
         if (command == "promote" || command == "demote") {
           auto volume = request.find("volume");
           if (volume == request.end() || !volume->is_string() ||
@@ -190,12 +236,13 @@ int main(int argc, char** argv) {
 
   // systemd (Type=notify): ready once the volumes are mapped and every
   // socket listens; a one-line STATUS=; watchdog pings while alive.
-  auto service_status = [&] {
+  service_status = [&] {
     return "node " + config.node + ": serving " +
            std::to_string((*target)->status().volumes.size()) + " volume(s) on port " +
            std::to_string((*target)->port()) +
            (exporter ? ", metrics on " + exporter->address() : "");
   };
+  ready.store(true);
   pmirror::systemd::notify_ready(service_status());
   pmirror::systemd::WatchdogPinger watchdog;
 
@@ -211,21 +258,11 @@ int main(int argc, char** argv) {
         (*target)->stop();
         return;
       }
-      spdlog::info("SIGHUP: reloading {}", config_path);
+      spdlog::info("SIGHUP");
       pmirror::systemd::notify_reloading();
-      pmirror::Status reloaded = [&]() -> pmirror::Status {
-        auto next_cluster = pmirror::config::load_cluster_config(config_path);
-        if (!next_cluster.ok()) return next_cluster.status();
-        auto next = pmirror::config::daemon_config_for(*next_cluster, config.node);
-        if (!next.ok()) return next.status();
-        return (*target)->reload(*next);
-      }();
-      if (!reloaded.ok()) {
-        spdlog::error("reload rejected, the running configuration stays: {}", reloaded.message());
-        pmirror::systemd::notify_ready("reload rejected (see the log); " + service_status());
-      } else {
-        pmirror::systemd::notify_ready(service_status());
-      }
+      auto reloaded = reload(/*dry_run=*/false);
+      pmirror::systemd::notify_ready(
+          reloaded.ok() ? service_status() : "reload rejected (see the log); " + service_status());
     }
   };
   try {

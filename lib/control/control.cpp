@@ -809,7 +809,8 @@ Status probe(const std::string& socket_path, std::chrono::milliseconds timeout) 
 
 Status subscribe(const std::string& socket_path,
                  const std::function<bool(const nlohmann::json& event)>& on_event,
-                 std::stop_token stop, std::chrono::milliseconds connect_timeout) {
+                 std::stop_token stop, std::chrono::milliseconds connect_timeout,
+                 const std::function<void()>& on_subscribed) {
   PMIRROR_ASSIGN_OR_RETURN(UniqueFd fd, connect_to(socket_path, connect_timeout));
   if (!send_all(fd.get(), dump_line(json{{"command", "events"}}))) {
     return errno_status(Errc::kConnectionError, "sending to " + socket_path, errno);
@@ -821,6 +822,7 @@ Status subscribe(const std::string& socket_path,
   if (!read.ok()) return read;
   auto reply = parse_reply(line, socket_path);
   if (!reply.ok()) return reply.status();
+  if (on_subscribed) on_subscribed();
   for (;;) {
     read = read_line(fd.get(), buffer, line, kMaxResponseBytes, std::nullopt, socket_path, &stop);
     if (stop.stop_requested()) return Status::Ok();

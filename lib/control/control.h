@@ -157,10 +157,14 @@ Status probe(const std::string& socket_path,
 // Subscribes to events and calls `on_event` for each, until it returns
 // false (Ok), `stop` is requested (Ok) or the connection ends (kClosed:
 // "PATH closed the connection"). Connection errors as request().
+// `on_subscribed`, if given, is called once the server has accepted the
+// subscription and before the first event is read: what the caller learns
+// there (the current state) is older than every event it then receives.
 Status subscribe(const std::string& socket_path,
                  const std::function<bool(const nlohmann::json& event)>& on_event,
                  std::stop_token stop = {},
-                 std::chrono::milliseconds connect_timeout = std::chrono::seconds(5));
+                 std::chrono::milliseconds connect_timeout = std::chrono::seconds(5),
+                 const std::function<void()>& on_subscribed = {});
 
 // errc_name() backwards; unknown names are kInternal.
 Errc errc_from_name(std::string_view name);
@@ -185,7 +189,15 @@ std::string format_status_human(const nlohmann::json& merged,
                                 const std::optional<std::string>& volume,
                                 const HumanFormat& format = {});
 // "16:01:02 db0 node2: connected -> disconnected (nothing heard for 5000 ms)"
+// An "exists" event: "16:05:00 db0 node2: exists connected since 16:01:02 (...)".
 std::string format_event_human(const nlohmann::json& event, const HumanFormat& format = {});
+// The current state of one process's status object as events (as drbdsetup
+// events2 starts): per volume {"exists":true,"volume","role"}, then per
+// peer {"exists":true,"volume","peer","state","since","reason"}, each with
+// "time" (`now`), "process" (its kind) and "node" when known.
+std::vector<nlohmann::json> state_events(
+    const nlohmann::json& status,
+    std::chrono::system_clock::time_point now = std::chrono::system_clock::now());
 
 // 1073741824 -> "1GiB", 1610612736 -> "1.5GiB", 4096 -> "4KiB", 100 -> "100B".
 std::string format_size(uint64_t bytes);

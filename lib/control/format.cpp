@@ -399,6 +399,16 @@ std::string format_event_human(const nlohmann::json& event, const HumanFormat& f
   std::string volume = str(event, "volume"), peer = str(event, "peer");
   if (!volume.empty()) out += " " + volume;
   if (!peer.empty()) out += " " + peer;
+  if (event.value("exists", false)) {
+    out += ": exists";
+    if (std::string role = str(event, "role"); !role.empty()) out += " role:" + role;
+    if (std::string state = str(event, "state"); !state.empty()) out += " " + state;
+    if (auto since = parse_rfc3339(str(event, "since"))) {
+      out += " since " + clock_time(*since, format);
+    }
+    if (std::string reason = str(event, "reason"); !reason.empty()) out += " (" + reason + ")";
+    return out;
+  }
   std::string from = str(event, "from"), to = str(event, "to");
   std::string reason = str(event, "reason"), message = str(event, "message");
   if (!volume.empty() || !peer.empty()) out += ":";
@@ -413,6 +423,36 @@ std::string format_event_human(const nlohmann::json& event, const HumanFormat& f
     out += " " + event.dump(-1, ' ', false, json::error_handler_t::replace);
   }
   return out;
+}
+
+std::vector<json> state_events(const json& status, Clock::time_point now) {
+  std::vector<json> events;
+  const json kNone = json::object();
+  const json& process =
+      status.contains("process") && status["process"].is_object() ? status["process"] : kNone;
+  json common = {{"time", format_rfc3339(now)}, {"exists", true}};
+  if (std::string kind = str(process, "kind"); !kind.empty()) common["process"] = kind;
+  if (std::string node = str(process, "node"); !node.empty()) common["node"] = node;
+  if (!status.contains("volumes") || !status["volumes"].is_array()) return events;
+  for (const json& volume : status["volumes"]) {
+    if (!volume.is_object()) continue;
+    json line = common;
+    line["volume"] = str(volume, "name");
+    if (std::string role = str(volume, "role"); !role.empty()) line["role"] = role;
+    events.push_back(line);
+    if (!volume.contains("peers") || !volume["peers"].is_array()) continue;
+    for (const json& peer : volume["peers"]) {
+      if (!peer.is_object()) continue;
+      json peer_line = common;
+      peer_line["volume"] = str(volume, "name");
+      peer_line["peer"] = str(peer, "name");
+      for (const char* key : {"state", "since", "reason"}) {
+        if (std::string value = str(peer, key); !value.empty()) peer_line[key] = value;
+      }
+      events.push_back(std::move(peer_line));
+    }
+  }
+  return events;
 }
 
 std::string format_size(uint64_t bytes) {

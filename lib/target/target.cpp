@@ -367,7 +367,7 @@ void Target::stop() {
 
 uint16_t Target::port() const { return impl_->listener->port(); }
 
-Status Target::reload(const config::DaemonConfig& config) {
+Result<ReloadResult> Target::reload(const config::DaemonConfig& config, bool dry_run) {
   Impl& impl = *impl_;
   if (config.listen_address != impl.config.listen_address || config.port != impl.config.port ||
       config.transport != impl.config.transport) {
@@ -391,8 +391,30 @@ Status Target::reload(const config::DaemonConfig& config) {
   std::vector<std::shared_ptr<ServedVolume>> next;
   // Volumes kept open, with their new settings (applied once nothing failed).
   std::vector<std::pair<std::shared_ptr<ServedVolume>, const config::VolumeConfig*>> kept;
-  std::vector<std::string> added, removed, changed;
+  ReloadResult result{.dry_run = dry_run};
+  std::vector<std::string>& added = result.added;
+  std::vector<std::string>& removed = result.removed;
+  std::vector<std::string>& changed = result.changed;
   auto current = impl.all_volumes();
+  if (dry_run) {
+    for (const auto& volume_config : config.volumes) {
+      auto existing = std::find_if(current.begin(), current.end(), [&](const auto& v) {
+        return v->config.name == volume_config.name;
+      });
+      if (existing == current.end()) {
+        added.push_back(volume_config.name);
+      } else if ((*existing)->region->failed() ||
+                 !same_settings((*existing)->config, volume_config)) {
+        changed.push_back(volume_config.name);
+      }
+    }
+    for (const auto& v : current) {
+      auto kept = std::find_if(config.volumes.begin(), config.volumes.end(),
+                               [&](const auto& c) { return c.name == v->config.name; });
+      if (kept == config.volumes.end()) removed.push_back(v->config.name);
+    }
+    return result;
+  }
   for (const auto& volume_config : config.volumes) {
     std::shared_ptr<ServedVolume> existing;
     for (auto& v : current) {
@@ -474,7 +496,7 @@ Status Target::reload(const config::DaemonConfig& config) {
   };
   log::info("configuration reloaded: added {}; removed {}; changed {}", join(added), join(removed),
             join(changed));
-  return Status::Ok();
+  return result;
 }
 
 Result<PromoteResult> Target::promote(const std::string& volume_name, bool force) {

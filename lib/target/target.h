@@ -77,8 +77,8 @@ struct VolumeStatus {
   uint64_t size = 0;
   bool is_pmem = false;
   std::string backing{};  // region::backing_name: "devdax", "fsdax", "file"
-  uint32_t methods = 0;  // protocol::PersistMethod bits offered
-  std::string writer{};  // identity@address of the connected writer, empty if none
+  uint32_t methods = 0;   // protocol::PersistMethod bits offered
+  std::string writer{};   // identity@address of the connected writer, empty if none
   uint64_t generation = 0;
   uint64_t last_sequence = 0;     // last sequence recorded in the state pool
   uint64_t applied_sequence = 0;  // last sequence the writer's session applied
@@ -121,6 +121,15 @@ struct PromoteResult {
   uint64_t previous = 0;
   bool forced = false;
   bool already_promoted = false;
+};
+
+// What a reload did, or with dry_run would do: volume names, each list in
+// the new configuration's order (removed: the old one's).
+struct ReloadResult {
+  std::vector<std::string> added{};
+  std::vector<std::string> changed{};  // reopened: new settings, or failed before
+  std::vector<std::string> removed{};
+  bool dry_run = false;
 };
 
 // What `pmirrorctl demote` did: the copy is a replica at `generation`.
@@ -173,8 +182,10 @@ class Target {
   // failed volumes, are reopened. The listener settings cannot change on
   // reload. On any error nothing is changed and the old configuration stays
   // in force -- except that a failed volume which still cannot be reopened
-  // stays failed (logged) while the rest applies.
-  Status reload(const config::DaemonConfig& config);
+  // stays failed (logged) while the rest applies. `dry_run`: the checks
+  // that need no file (the listener, the state pool), and what would be
+  // added, changed and removed; nothing is opened or changed.
+  Result<ReloadResult> reload(const config::DaemonConfig& config, bool dry_run = false);
 
   class Impl;
 
@@ -189,5 +200,6 @@ class Target {
 nlohmann::json to_json(const TargetStatus& status);
 nlohmann::json to_json(const PromoteResult& result);
 nlohmann::json to_json(const DemoteResult& result);
+nlohmann::json to_json(const ReloadResult& result);
 
 }  // namespace pmirror::target

@@ -116,4 +116,11 @@ json to_json(const DemoteResult& result) {
           {"generation", hex16(result.generation)}};
 }
 
+json to_json(const ReloadResult& result) {
+  return {{"dry_run", result.dry_run},
+          {"added", result.added},
+          {"changed", result.changed},
+          {"removed", result.removed}};
+}
+
 }  // namespace pmirror::target

@@ -5,12 +5,15 @@
 // protocol cannot carry before it connects.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
@@ -162,6 +165,68 @@ TEST_F(ConfigDaemonTest, AReloadAddingAVolumeLinkedToAnotherIsRefused) {
   EXPECT_TRUE(testing::read_file(v) == testing::read_file(tmp_.file("local.img")));
 }
 
+// `pmirrorctl reload`: what SIGHUP does, with the outcome where the
+// operator (and `systemctl reload`) sees it.
+TEST_F(ConfigDaemonTest, PmirrorctlReloadSaysWhatChangedAndFailsWhenRejected) {
+  const std::string v = tmp_.file("v.img");
+  DaemonProcess daemon(dir(), {VolumeSpec{"v", v, kSize}});
+  ASSERT_TRUE(daemon.start()) << daemon.log();
+  const std::string original = read_text(daemon.config_path());
+  auto with_volume_w = [&](const std::string& path) {
+    return original + "  - name: w\n    size: " + std::to_string(kSize) +
+           "\n    primary: app\n    replicas: [target]\n    create: true\n    paths: {app: " +
+           tmp_.file("app-w.img") + ", target: " + path +
+           "}\n    metadata: {target: " + tmp_.file("target-w.pmirror") +
+           "}\n    allowed_peers: [app]\n    secret: \"" + kSecret + "\"\n";
+  };
+  struct Ctl {
+    int code = -1;
+    std::string out, err;
+  };
+  auto ctl = [&](const std::string& args) {
+    const std::string out_path = tmp_.file("ctl.out"), err_path = tmp_.file("ctl.err");
+    const std::string command = PMIRRORCTL_PATH " --socket " + dir() + "/pmirrord.sock " + args +
+                                " >" + out_path + " 2>" + err_path;
+    int status = std::system(command.c_str());
+    return Ctl{WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(out_path),
+               read_text(err_path)};
+  };
+
+  const std::string w = tmp_.file("w.img");
+  write_text(daemon.config_path(), with_volume_w(w));
+  Ctl dry = ctl("reload --dry-run");
+  EXPECT_EQ(dry.code, 0) << dry.err;
+  EXPECT_EQ(dry.out, "a reload would add w; change none; remove none\n");
+  EXPECT_FALSE(std::filesystem::exists(w)) << "a dry run opens nothing";
+
+  Ctl applied = ctl("reload");
+  EXPECT_EQ(applied.code, 0) << applied.err << daemon.log();
+  EXPECT_EQ(applied.out, "reloaded: added w; changed none; removed none\n");
+  EXPECT_TRUE(std::filesystem::exists(w)) << daemon.log();
+
+  // w on v's file: refused, and said so with pmirrord's reasons.
+  ASSERT_EQ(::unlink(w.c_str()), 0);
+  ASSERT_EQ(::symlink(v.c_str(), w.c_str()), 0);
+  write_text(daemon.config_path(), with_volume_w(w));
+  for (const char* args : {"reload --dry-run", "reload"}) {
+    Ctl rejected = ctl(args);
+    EXPECT_EQ(rejected.code, 2) << args << ": " << rejected.out << rejected.err;
+    EXPECT_TRUE(rejected.out.empty()) << rejected.out;
+    EXPECT_NE(rejected.err.find("the running configuration stays"), std::string::npos)
+        << rejected.err;
+    EXPECT_NE(rejected.err.find("and the copy of volume 'v' on node 'target', " + v),
+              std::string::npos)
+        << rejected.err;
+  }
+
+  // Back to v alone: w is removed.
+  write_text(daemon.config_path(), original);
+  Ctl removed = ctl("reload --json");
+  EXPECT_EQ(removed.code, 0) << removed.err;
+  EXPECT_EQ(nlohmann::json::parse(removed.out, nullptr, false),
+            nlohmann::json::parse(R"({"dry_run":false,"added":[],"changed":[],"removed":["w"]})"));
+}
+
 TEST_F(ConfigDaemonTest, AReloadAddingAnIdentityKeepsTheWritersSession) {
   const std::string v = tmp_.file("v.img");
   DaemonProcess daemon(dir(), {VolumeSpec{"v", v, kSize}});
@@ -229,8 +294,7 @@ TEST(VolumeOpenTest, RefusesNamesTheProtocolCannotCarry) {
   options.size = kSize;
   options.create = true;
   options.identity = std::string(80, 'i');
-  options.replicas.push_back(
-      {"127.0.0.1", testing::free_port(), "tcp", kSecret, ""});
+  options.replicas.push_back({"127.0.0.1", testing::free_port(), "tcp", kSecret, ""});
   auto opened = Volume::open(options);
   ASSERT_FALSE(opened.ok());
   EXPECT_EQ(opened.status().code(), Errc::kInvalidArgument);

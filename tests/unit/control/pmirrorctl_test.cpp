@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -296,11 +297,88 @@ TEST_F(Pmirrorctl, EventsStreamFromEveryProcess) {
                     {"from", "disconnected"},
                     {"to", "connected"}});
   ctl.join();
-  EXPECT_EQ(slurp(out_path),
+  // First each process's current state (as drbdsetup events2), then the
+  // changes: the state lines do not count for --count.
+  std::istringstream lines(slurp(out_path));
+  std::string line, changes;
+  std::vector<std::string> states;
+  while (std::getline(lines, line)) {
+    if (line.find(": exists") != std::string::npos) {
+      states.push_back(line);
+    } else {
+      changes += line + "\n";
+    }
+  }
+  EXPECT_EQ(changes,
             "16:01:02 db1 app1@10.0.0.1: connected -> disconnected (goodbye)\n"
             "16:01:03 db0 node2: connected -> disconnected (nothing heard for 5000 "
             "ms)\n"
             "16:01:04 db1 app1@10.0.0.1: disconnected -> connected\n");
+  auto has_state = [&](const std::string& text) {
+    return std::any_of(states.begin(), states.end(), [&](const std::string& state) {
+      return state.find(text) != std::string::npos;
+    });
+  };
+  EXPECT_EQ(states.size(), 6u) << "3 volumes, 3 peers";
+  EXPECT_TRUE(has_state(" db0 node2: exists connected since 2026-11-29 16:01:02 (handshake done)"));
+  EXPECT_TRUE(has_state(" db1 app1@10.0.0.1: exists connected since 2026-11-28 09:00:00"));
+  EXPECT_TRUE(has_state(" db2: exists role:replica"));
+}
+
+TEST_F(Pmirrorctl, EventsStateLinesComeBeforeTheChangesOfTheirProcess) {
+  serve_both();
+  std::string out_path = dir_ + "/events.out";
+  std::string command = "TZ=UTC " PMIRRORCTL_PATH " --runtime-dir " + dir_ +
+                        " events --json --count 1 >" + out_path + " 2>&1";
+  std::thread ctl([&] { EXPECT_EQ(std::system(command.c_str()), 0); });
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (daemon_->subscriber_count() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(daemon_->subscriber_count(), 1u);
+  // Published at once, possibly before pmirrorctl asked for the state: it
+  // still comes after the daemon's state lines.
+  daemon_->publish({{"volume", "db1"}, {"to", "disconnected"}});
+  ctl.join();
+  std::istringstream lines(slurp(out_path));
+  std::string line;
+  std::vector<json> daemon_lines;
+  while (std::getline(lines, line)) {
+    json event = json::parse(line, nullptr, false);
+    ASSERT_FALSE(event.is_discarded()) << line;
+    if (event.value("process", "") != "initiator") daemon_lines.push_back(event);
+  }
+  ASSERT_EQ(daemon_lines.size(), 4u);  // db1, its writer, db2, the change
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(daemon_lines[i].value("exists", false)) << daemon_lines[i].dump();
+    EXPECT_EQ(daemon_lines[i]["node"], "node2");
+  }
+  EXPECT_EQ(daemon_lines[3], json({{"volume", "db1"}, {"to", "disconnected"}}));
+}
+
+TEST_F(Pmirrorctl, EventsNowPrintsTheCurrentStateAndExits) {
+  serve_both();
+  CtlRun r = run("events --now");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find(" db0: exists role:primary\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" db0 node3: exists disconnected since 2026-11-29 16:03:10 (nothing heard "
+                       "for 5000 ms)\n"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(" db2: exists role:replica\n"), std::string::npos) << r.out;
+  CtlRun as_json = run("events --now --json");
+  EXPECT_EQ(as_json.code, 0) << as_json.err;
+  std::istringstream lines(as_json.out);
+  std::string line;
+  size_t count = 0;
+  while (std::getline(lines, line)) {
+    json event = json::parse(line, nullptr, false);
+    ASSERT_FALSE(event.is_discarded()) << line;
+    EXPECT_TRUE(event.value("exists", false)) << line;
+    ++count;
+  }
+  EXPECT_EQ(count, 6u);  // 3 volumes, 3 peers
+  EXPECT_EQ(run("events --now").code, 0);
 }
 
 TEST_F(Pmirrorctl, EventsJsonIsTheRawLine) {
@@ -316,7 +394,11 @@ TEST_F(Pmirrorctl, EventsJsonIsTheRawLine) {
   json event = {{"time", "2026-11-29T16:01:02Z"}, {"volume", "db1"}, {"to", "connected"}};
   daemon_->publish(event);
   ctl.join();
-  EXPECT_EQ(slurp(out_path), event.dump() + "\n");
+  std::string out = slurp(out_path);
+  ASSERT_FALSE(out.empty());
+  out.pop_back();  // the last newline
+  // After the state lines, the event exactly as the process sent it.
+  EXPECT_EQ(out.substr(out.rfind('\n') + 1), event.dump());
 }
 
 TEST_F(Pmirrorctl, UsageErrorsAreExitCode1) {

@@ -73,6 +73,10 @@ string(FIND "${unit}" "\nExecStart=${PREFIX}/sbin/pmirrord --config /etc/pmirror
 if(at EQUAL -1)
   message(FATAL_ERROR "the installed unit's ExecStart= is not ${PREFIX}/sbin/pmirrord:\n${unit}")
 endif()
+string(FIND "${unit}" "\nExecReload=${PREFIX}/sbin/pmirrorctl reload\n" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "the installed unit's ExecReload= is not ${PREFIX}/sbin/pmirrorctl:\n${unit}")
+endif()
 # systemd-analyze checks that ExecStart= exists and, with MANPATH, that the
 # Documentation= man pages are installed.
 find_program(analyze systemd-analyze)

@@ -82,7 +82,7 @@ TEST(UnitFileTest, HasTheDocumentedSettings) {
   std::string text = read_text(PMIRROR_UNIT_SOURCE);
   for (const char* line :
        {"Type=notify\n", "ExecStart=/usr/sbin/pmirrord --config /etc/pmirror/cluster.yaml\n",
-        "ExecReload=/bin/kill -HUP $MAINPID\n", "Restart=on-failure\n", "LimitMEMLOCK=infinity\n",
+        "ExecReload=/usr/sbin/pmirrorctl reload\n", "Restart=on-failure\n", "LimitMEMLOCK=infinity\n",
         "RuntimeDirectory=pmirror\n", "StateDirectory=pmirror\n", "ProtectSystem=strict\n",
         "ProtectHome=yes\n", "PrivateTmp=yes\n", "NoNewPrivileges=yes\n",
         "CapabilityBoundingSet=CAP_IPC_LOCK\n",

@@ -583,14 +583,54 @@ TEST_F(TargetTest, AFailedVolumeThatCannotBeReopenedStaysFailedWhileTheReloadApp
   added.path = (dir_ / "v2.img").string();
   added.metadata_path = added.path + ".pmirror";
   next.volumes.push_back(added);
-  Status reloaded = target_->reload(next);
-  ASSERT_TRUE(reloaded.ok()) << reloaded.to_string();
+  auto reloaded = target_->reload(next);
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status().to_string();
+  EXPECT_EQ(reloaded->added, std::vector<std::string>{"v2"});
+  EXPECT_TRUE(reloaded->changed.empty()) << "v1 stays failed: not reopened";
+  EXPECT_FALSE(reloaded->dry_run);
   auto status = target_->status().volumes;
   ASSERT_EQ(status.size(), 2u);
   EXPECT_EQ(status[0].name, "v1");
   EXPECT_THAT(status[0].failure, HasSubstr("memory fault at offset 0"));
   EXPECT_EQ(status[1].name, "v2");
   EXPECT_EQ(status[1].failure, "");
+}
+
+TEST_F(TargetTest, ADryRunReloadSaysWhatWouldChangeAndChangesNothing) {
+  start();
+  config::DaemonConfig next = config_;
+  config::VolumeConfig added = config_.volumes[0];
+  added.name = "v2";
+  added.path = (dir_ / "v2.img").string();
+  added.metadata_path = added.path + ".pmirror";
+  next.volumes.push_back(added);
+  next.volumes[0].size *= 2;  // v1 would be reopened
+
+  auto dry = target_->reload(next, /*dry_run=*/true);
+  ASSERT_TRUE(dry.ok()) << dry.status().to_string();
+  EXPECT_TRUE(dry->dry_run);
+  EXPECT_EQ(dry->added, std::vector<std::string>{"v2"});
+  EXPECT_EQ(dry->changed, std::vector<std::string>{"v1"});
+  EXPECT_TRUE(dry->removed.empty());
+  ASSERT_EQ(target_->status().volumes.size(), 1u) << "nothing was opened";
+  EXPECT_FALSE(fs::exists(added.path));
+  EXPECT_EQ(to_json(*dry), nlohmann::json::parse(
+                               R"({"dry_run":true,"added":["v2"],"changed":["v1"],"removed":[]})"));
+
+  config::DaemonConfig empty = config_;
+  empty.volumes.clear();
+  auto removal = target_->reload(empty, /*dry_run=*/true);
+  ASSERT_TRUE(removal.ok()) << removal.status().to_string();
+  EXPECT_EQ(removal->removed, std::vector<std::string>{"v1"});
+  ASSERT_EQ(target_->status().volumes.size(), 1u) << "nothing was removed";
+
+  // What a reload refuses, a dry run refuses too.
+  config::DaemonConfig moved = config_;
+  moved.port = static_cast<uint16_t>(moved.port + 1);
+  auto refused = target_->reload(moved, /*dry_run=*/true);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Errc::kConfigError);
+  EXPECT_THAT(refused.status().message(), HasSubstr("cannot change on reload"));
 }
 
 TEST_F(TargetTest, UnknownVolume) {
