@@ -37,7 +37,7 @@ expect() {
     failures=$((failures + 1))
   fi
 }
-expect "pmirrorctl " "config demote events promote resync status verify"
+expect "pmirrorctl " "config demote events promote reload resync status verify"
 expect "pmirrorctl st" "status"
 expect "pmirrorctl --timeout 100 ve" "verify"
 expect "pmirrorctl --" "--help --runtime-dir --socket --timeout --version"
@@ -47,7 +47,8 @@ expect "pmirrorctl resync " "db0 log0"
 expect "pmirrorctl resync db0 --peer " "node1 node2 node3"
 expect "pmirrorctl verify db0 --" "--help --json --mark-dirty --peer"
 expect "pmirrorctl promote d" "db0"
-expect "pmirrorctl events --" "--count --help --json"
+expect "pmirrorctl events --" "--count --help --json --now"
+expect "pmirrorctl reload --" "--dry-run --help --json"
 expect "pmirrorctl config " "check"
 expect "pmirrorctl config check $work/other.yaml --node " "other1 other2"
 expect "pmirrorctl config check $work/other.yaml --" "--help --node"
