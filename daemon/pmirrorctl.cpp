@@ -424,17 +424,22 @@ int run_verify(const Global& global, const std::string& volume, const std::strin
   return kExitOk;
 }
 
+// Whether pmirrord answers on its socket: kExitOk, else the exit code for
+// why not, said on stderr.
+int daemon_unreachable(const Global& global) {
+  pmirror::Status live =
+      control::probe(global.socket, std::chrono::milliseconds(global.timeout_ms));
+  if (live.ok()) return kExitOk;
+  note(live.message());
+  if (live.code() == Errc::kPermissionDenied) return kExitPermission;
+  if (is_stale(live)) return kExitNotRunning;
+  return kExitError;
+}
+
 // promote / demote, to pmirrord.
 int run_role(const Global& global, const json& request, bool as_json) {
   std::chrono::milliseconds timeout(global.timeout_given ? global.timeout_ms : kRoleTimeoutMs);
-  if (pmirror::Status live =
-          control::probe(global.socket, std::chrono::milliseconds(global.timeout_ms));
-      !live.ok()) {
-    note(live.message());
-    if (live.code() == Errc::kPermissionDenied) return kExitPermission;
-    if (is_stale(live)) return kExitNotRunning;
-    return kExitError;
-  }
+  if (int down = daemon_unreachable(global); down != kExitOk) return down;
   auto result = control::request(global.socket, request, timeout);
   if (!result.ok()) return command_failed(result.status());
   if (as_json) {
@@ -460,14 +465,7 @@ std::string names_or_none(const json& names) {
 // is exit code 2 with pmirrord's reasons, so that `systemctl reload` fails.
 int run_reload(const Global& global, bool dry_run, bool as_json) {
   std::chrono::milliseconds timeout(global.timeout_given ? global.timeout_ms : kRoleTimeoutMs);
-  if (pmirror::Status live =
-          control::probe(global.socket, std::chrono::milliseconds(global.timeout_ms));
-      !live.ok()) {
-    note(live.message());
-    if (live.code() == Errc::kPermissionDenied) return kExitPermission;
-    if (is_stale(live)) return kExitNotRunning;
-    return kExitError;
-  }
+  if (int down = daemon_unreachable(global); down != kExitOk) return down;
   auto result =
       control::request(global.socket, {{"command", "reload"}, {"dry_run", dry_run}}, timeout);
   if (!result.ok()) {

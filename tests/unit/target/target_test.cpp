@@ -177,6 +177,17 @@ class TargetTest : public ::testing::Test {
 
   nlohmann::json volume_status() { return to_json(target_->status())["volumes"][0]; }
 
+  // config_ with a second volume "v2" beside v1, in files of its own.
+  config::DaemonConfig with_second_volume() const {
+    config::DaemonConfig next = config_;
+    config::VolumeConfig added = config_.volumes[0];
+    added.name = "v2";
+    added.path = (dir_ / "v2.img").string();
+    added.metadata_path = added.path + ".pmirror";
+    next.volumes.push_back(added);
+    return next;
+  }
+
   // Waits until no session holds the volume (the last one has closed its
   // metadata and released the claim).
   bool wait_no_writer() {
@@ -577,12 +588,7 @@ TEST_F(TargetTest, AFailedVolumeThatCannotBeReopenedStaysFailedWhileTheReloadApp
   ASSERT_EQ(volume_status()["state"], "failed");
   ASSERT_EQ(::truncate(data_path_.c_str(), 0), 0);  // cannot be reopened now
 
-  config::DaemonConfig next = config_;
-  config::VolumeConfig added = config_.volumes[0];
-  added.name = "v2";
-  added.path = (dir_ / "v2.img").string();
-  added.metadata_path = added.path + ".pmirror";
-  next.volumes.push_back(added);
+  config::DaemonConfig next = with_second_volume();
   auto reloaded = target_->reload(next);
   ASSERT_TRUE(reloaded.ok()) << reloaded.status().to_string();
   EXPECT_EQ(reloaded->added, std::vector<std::string>{"v2"});
@@ -598,12 +604,7 @@ TEST_F(TargetTest, AFailedVolumeThatCannotBeReopenedStaysFailedWhileTheReloadApp
 
 TEST_F(TargetTest, ADryRunReloadSaysWhatWouldChangeAndChangesNothing) {
   start();
-  config::DaemonConfig next = config_;
-  config::VolumeConfig added = config_.volumes[0];
-  added.name = "v2";
-  added.path = (dir_ / "v2.img").string();
-  added.metadata_path = added.path + ".pmirror";
-  next.volumes.push_back(added);
+  config::DaemonConfig next = with_second_volume();
   next.volumes[0].size *= 2;  // v1 would be reopened
 
   auto dry = target_->reload(next, /*dry_run=*/true);
@@ -613,7 +614,7 @@ TEST_F(TargetTest, ADryRunReloadSaysWhatWouldChangeAndChangesNothing) {
   EXPECT_EQ(dry->changed, std::vector<std::string>{"v1"});
   EXPECT_TRUE(dry->removed.empty());
   ASSERT_EQ(target_->status().volumes.size(), 1u) << "nothing was opened";
-  EXPECT_FALSE(fs::exists(added.path));
+  EXPECT_FALSE(fs::exists(next.volumes[1].path));
   EXPECT_EQ(to_json(*dry), nlohmann::json::parse(
                                R"({"dry_run":true,"added":["v2"],"changed":["v1"],"removed":[]})"));
 
