@@ -431,13 +431,21 @@ void TcpConnection::fail(Status reason, uint64_t culprit) {
   bool shut;
   {
     std::lock_guard lk(mu_);
-    if (!broken_) {
-      broken_ = true;
-      reason_ = std::move(reason);
-      culprit_ = culprit;
-    }
-    shut = !error_frame_pending_;
+    shut = break_locked(std::move(reason), culprit);
   }
+  wake_and_shut(shut);
+}
+
+bool TcpConnection::break_locked(Status reason, uint64_t culprit) {
+  if (!broken_) {
+    broken_ = true;
+    reason_ = std::move(reason);
+    culprit_ = culprit;
+  }
+  return !error_frame_pending_;
+}
+
+void TcpConnection::wake_and_shut(bool shut) {
   sender_cv_.notify_all();
   receiver_cv_.notify_all();
   if (shut) ::shutdown(fd_.get(), SHUT_RDWR);
@@ -1004,11 +1012,16 @@ Status TcpConnection::on_error_frame(const FrameHeader& h, std::string_view text
                                                             : Opcode::kWrite;
   Status why(code, "peer " + peer_address_ + " refused " + std::string(opcode_name(op)) +
                        " wr_id " + std::to_string(h.wr_id) + ": " + std::string(text));
-  uint64_t culprit = kNoSeq;
+  bool shut;
   {
+    // One critical section: between finding the request still in flight
+    // and breaking the connection, the sender (which completes a Write once
+    // it is sent) must not complete it, or its OK would be the only
+    // completion and the refusal would be lost.
     std::lock_guard lk(mu_);
+    uint64_t culprit = kNoSeq;
     if (h.seq >= head_seq_ && h.seq < tail_seq_ && !ring_[h.seq % ring_.size()].done) {
-      culprit = h.seq;
+      culprit = h.seq;  // completes with `why` when the ring is flushed
     } else if (!broken_) {
       // Already completed (Writes complete when sent): report it separately.
       Completion c;
@@ -1017,8 +1030,9 @@ Status TcpConnection::on_error_frame(const FrameHeader& h, std::string_view text
       c.status = why;
       push_cqe_locked(std::move(c), false);
     }
+    shut = break_locked(why, culprit);
   }
-  fail(why, culprit);
+  wake_and_shut(shut);
   return Status::Ok();
 }
 

@@ -132,6 +132,12 @@ class TcpConnection final : public Connection {
   // Marks the connection broken (first reason wins) and, unless an ERROR
   // frame still has to go out, shuts the socket down to stop both threads.
   void fail(Status reason, uint64_t culprit = kNoSeq);
+  // fail()'s halves: breaks the connection under mu_ (the first reason
+  // wins; `culprit` is the request that completes with it), true when the
+  // socket may be shut down now (no ERROR frame waits to be sent); then,
+  // without mu_, wakes both threads and shuts the socket down.
+  bool break_locked(Status reason, uint64_t culprit);
+  void wake_and_shut(bool shut);
   void thread_exit();
   void retire_locked();
   void flush_locked();

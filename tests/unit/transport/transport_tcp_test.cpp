@@ -188,7 +188,12 @@ TEST_F(TcpTransport, AWriteIntoAFaultingMappingIsRefusedNotFatal) {
         EXPECT_NE(x.status.message().find(c.how), std::string::npos) << x.status.message();
       }
     }
-    EXPECT_TRUE(refused) << "the write into the truncated mapping was not refused";
+    std::string seen;
+    for (auto& x : completions) {
+      seen += "\n  wr_id " + std::to_string(x.wr_id) + ": " + x.status.to_string();
+    }
+    EXPECT_TRUE(refused) << "the write into the truncated mapping was not refused; completions:"
+                         << seen << "\nclosed: " << closed.to_string();
   }
   named.reset();
   ::munmap(map, kLen);
