@@ -98,6 +98,35 @@ PMIRROR_EXPORT void pmirror_version(int* major, int* minor, int* patch);
 /* "MAJOR.MINOR.PATCH" of the library; static storage. */
 PMIRROR_EXPORT const char* pmirror_version_string(void);
 
+/* --------------------------------------------------------------------- log */
+
+/* libpmirror logs what it does (connections, replica states, resyncs) and
+ * what goes wrong. By default the lines go to stderr, never stdout, at the
+ * threshold that the environment variable PMIRROR_LOG_LEVEL names (trace,
+ * debug, info -- the default --, warn, error, critical or off). */
+enum pmirror_log_level PMIRROR_ENUM_INT {
+  PMIRROR_LOG_TRACE = 0,
+  PMIRROR_LOG_DEBUG = 1,
+  PMIRROR_LOG_INFO = 2,
+  PMIRROR_LOG_WARN = 3,
+  PMIRROR_LOG_ERROR = 4,
+  PMIRROR_LOG_CRITICAL = 5,
+  PMIRROR_LOG_OFF = 6 /* as a threshold only: nothing is logged */
+};
+
+/* Receives one line: its level and its text (no time stamp, no level, no
+ * newline), valid during the call only. Called from any of libpmirror's
+ * threads, one line at a time; it must not call libpmirror. */
+typedef void pmirror_log_function(enum pmirror_log_level level, const char* message, void* arg);
+
+/* Sends the lines at or above the threshold to `function` (with `arg`)
+ * instead of stderr; NULL sends them to stderr again. The threshold is kept. */
+PMIRROR_EXPORT int pmirror_log_set_function(pmirror_log_function* function, void* arg);
+/* Lines below `threshold` are dropped; PMIRROR_LOG_OFF drops all.
+ * Overrides PMIRROR_LOG_LEVEL. */
+PMIRROR_EXPORT int pmirror_log_set_threshold(enum pmirror_log_level threshold);
+PMIRROR_EXPORT int pmirror_log_get_threshold(enum pmirror_log_level* threshold);
+
 /* ----------------------------------------------------------------- options */
 
 enum pmirror_method PMIRROR_ENUM_INT {

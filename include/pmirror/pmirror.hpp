@@ -38,6 +38,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <pmirror/status.hpp>
 #include <string>
@@ -140,6 +141,20 @@ struct ReplicaStatus {
   uint64_t resynced_bytes = 0;         // copied by the last resync
   std::string last_error;
 };
+
+// Where libpmirror's log lines go. By default: stderr (never stdout), at
+// the threshold that PMIRROR_LOG_LEVEL names (trace, debug, info -- the
+// default --, warn, error, critical, off).
+enum class LogLevel : int { kTrace, kDebug, kInfo, kWarn, kError, kCritical, kOff };
+// One line: its level and its text (no time stamp, no level, no newline).
+// Called from any of libpmirror's threads, one line at a time; it must not
+// call libpmirror.
+using LogFunction = std::function<void(LogLevel level, std::string_view message)>;
+// Lines at or above the threshold go to `function`; an empty one sends them
+// to stderr again. The threshold is kept.
+PMIRROR_EXPORT void set_log_function(LogFunction function);
+// Lines below `threshold` are dropped (kOff: all). Overrides PMIRROR_LOG_LEVEL.
+PMIRROR_EXPORT void set_log_threshold(LogLevel threshold);
 
 class PMIRROR_EXPORT Volume {
  public:

@@ -1,5 +1,6 @@
 #include "common/log.h"
 
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 
 #include <atomic>
@@ -21,10 +22,32 @@ std::mutex g_mutex;
 std::shared_ptr<spdlog::logger> g_logger;         // guarded by g_mutex
 std::atomic<spdlog::logger*> g_current{nullptr};  // g_logger, for the lock-free path
 
-std::shared_ptr<spdlog::logger> from_environment() {
+// Hands each line's text to the application's function. No lock of its
+// own beyond base_sink's: spdlog's sinks serialise their calls, so the
+// function sees one line at a time.
+class FunctionSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  explicit FunctionSink(Function function) : function_(std::move(function)) {}
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    function_(msg.level, std::string_view(msg.payload.data(), msg.payload.size()));
+  }
+  void flush_() override {}
+
+ private:
+  Function function_;
+};
+
+std::shared_ptr<spdlog::logger> to_stderr() {
   auto logger = std::make_shared<spdlog::logger>("pmirror",
                                                  std::make_shared<spdlog::sinks::stderr_sink_mt>());
   logger->set_pattern("%Y-%m-%d %H:%M:%S.%e pmirror %l: %v");
+  return logger;
+}
+
+std::shared_ptr<spdlog::logger> from_environment() {
+  auto logger = to_stderr();
   logger->set_level(spdlog::level::info);
   if (const char* env = std::getenv("PMIRROR_LOG_LEVEL"); env != nullptr && *env != '\0') {
     if (auto level = parse_level(env)) {
@@ -75,5 +98,20 @@ void set(std::shared_ptr<spdlog::logger> logger) {
 }
 
 void set_level(spdlog::level::level_enum level) { get().set_level(level); }
+
+spdlog::level::level_enum level() { return get().level(); }
+
+void set_function(Function function) {
+  spdlog::level::level_enum threshold = level();
+  std::shared_ptr<spdlog::logger> logger;
+  if (function) {
+    logger = std::make_shared<spdlog::logger>("pmirror",
+                                              std::make_shared<FunctionSink>(std::move(function)));
+  } else {
+    logger = to_stderr();
+  }
+  logger->set_level(threshold);
+  set(std::move(logger));
+}
 
 }  // namespace pmirror::log

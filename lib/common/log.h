@@ -12,6 +12,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -24,6 +25,16 @@ spdlog::logger& get();
 // Replaces it (pmirrord, tests): its sinks, threshold and pattern.
 void set(std::shared_ptr<spdlog::logger> logger);
 void set_level(spdlog::level::level_enum level);
+spdlog::level::level_enum level();
+
+// Sends every line at or above the current threshold to `function` instead
+// of stderr (the application's choice: pmirror_log_set_function). The
+// message is the bare text, without time stamp or level: the function adds
+// what its own log wants. It may be called from any of libpmirror's threads,
+// concurrently; it must not log through pmirror itself. An empty function
+// puts stderr back. The threshold is kept.
+using Function = std::function<void(spdlog::level::level_enum level, std::string_view message)>;
+void set_function(Function function);
 
 // The threshold a PMIRROR_LOG_LEVEL value names; nullopt when it names none.
 std::optional<spdlog::level::level_enum> parse_level(std::string_view name);

@@ -11,6 +11,7 @@
 #include <string>
 #include <type_traits>
 
+#include "common/log.h"
 #include "common/version.h"
 #include "initiator/initiator.h"
 #include "metadata/metadata.h"
@@ -193,6 +194,48 @@ void pmirror_version(int* major, int* minor, int* patch) {
 }
 
 const char* pmirror_version_string(void) { return PMIRROR_VERSION_STRING; }
+
+// -------------------------------------------------------------------- log
+
+// The C levels are spdlog's, in the same order.
+static_assert(PMIRROR_LOG_TRACE == static_cast<int>(spdlog::level::trace));
+static_assert(PMIRROR_LOG_INFO == static_cast<int>(spdlog::level::info));
+static_assert(PMIRROR_LOG_OFF == static_cast<int>(spdlog::level::off));
+
+int pmirror_log_set_function(pmirror_log_function* function, void* arg) {
+  return guarded([&] {
+    if (function == nullptr) {
+      pmirror::log::set_function({});
+      return ok();
+    }
+    pmirror::log::set_function(
+        [function, arg](spdlog::level::level_enum level, std::string_view message) {
+          std::string line(message);  // NUL-terminated for C
+          function(static_cast<pmirror_log_level>(level), line.c_str(), arg);
+        });
+    return ok();
+  });
+}
+
+int pmirror_log_set_threshold(enum pmirror_log_level threshold) {
+  return guarded([&] {
+    int level = static_cast<int>(threshold);
+    if (level < PMIRROR_LOG_TRACE || level > PMIRROR_LOG_OFF) {
+      return invalid("log threshold " + std::to_string(level) +
+                     " is not a pmirror_log_level (PMIRROR_LOG_TRACE .. PMIRROR_LOG_OFF)");
+    }
+    pmirror::log::set_level(static_cast<spdlog::level::level_enum>(level));
+    return ok();
+  });
+}
+
+int pmirror_log_get_threshold(enum pmirror_log_level* threshold) {
+  return guarded([&] {
+    if (threshold == nullptr) return invalid("threshold (the out-pointer) is NULL");
+    *threshold = static_cast<pmirror_log_level>(pmirror::log::level());
+    return ok();
+  });
+}
 
 // -------------------------------------------------------------------- cfg
 

@@ -12,6 +12,8 @@ header=$2
 cxx_api=(
   'pmirror::errc_name(pmirror::Errc)'
   'pmirror::replica_state_name(pmirror::ReplicaState)'
+  'pmirror::set_log_function(std::function<void (pmirror::LogLevel, std::basic_string_view<char, std::char_traits<char> >)>)'
+  'pmirror::set_log_threshold(pmirror::LogLevel)'
   'pmirror::Status::to_string[abi:cxx11]() const'
   'pmirror::Status::with_context(std::basic_string_view<char, std::char_traits<char> >) const'
   'pmirror::Volume::~Volume()'

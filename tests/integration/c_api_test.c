@@ -359,4 +359,70 @@ int c_api_version(char* error, size_t error_size) {
   return 0;
 }
 
+/* What the log function below received. */
+struct log_lines {
+  int count;
+  int below_info; /* lines under the threshold that got through */
+  char first_new_copy[512];
+};
+
+static void collect_line(enum pmirror_log_level level, const char* message, void* arg) {
+  struct log_lines* lines = arg;
+  lines->count++;
+  if (level < PMIRROR_LOG_INFO) lines->below_info++;
+  if (lines->first_new_copy[0] == '\0' && strstr(message, "new copy") != NULL)
+    snprintf(lines->first_new_copy, sizeof lines->first_new_copy, "%s", message);
+}
+
+static int open_new_copy(const char* name, const char* local_path, uint16_t port,
+                         const char* secret, char* error, size_t error_size) {
+  struct pmirror_cfg* cfg = NULL;
+  EXPECT_RC(pmirror_cfg_new(&cfg), 0);
+  EXPECT_RC(pmirror_cfg_set_name(cfg, name), 0);
+  EXPECT_RC(pmirror_cfg_set_local_path(cfg, local_path), 0);
+  EXPECT_RC(pmirror_cfg_set_size(cfg, 1 << 20), 0);
+  EXPECT_RC(pmirror_cfg_set_create(cfg, true), 0);
+  EXPECT_RC(pmirror_cfg_set_identity(cfg, "app"), 0);
+  EXPECT_RC(pmirror_cfg_add_replica(cfg, "127.0.0.1", port, "tcp", secret, "target"), 0);
+  pmirror_volume* volume = NULL;
+  int rc = pmirror_open(cfg, &volume);
+  pmirror_cfg_delete(&cfg);
+  if (rc != 0) return failed(error, error_size, "open: %d %s", rc, pmirror_errormsg());
+  EXPECT_RC(pmirror_persist(volume, 0, 64), 0);
+  EXPECT_RC(pmirror_close(&volume), 0);
+  return 0;
+}
+
+/* The application's log function receives the library's lines at or above
+ * the threshold, and none at PMIRROR_LOG_OFF. The target serves "vol" and
+ * "vol2", both new. */
+int c_api_log_function(const char* first_path, const char* second_path, uint16_t port,
+                       const char* secret, char* error, size_t error_size) {
+  EXPECT_INVALID(pmirror_log_set_threshold((enum pmirror_log_level)7), "threshold");
+  EXPECT_INVALID(pmirror_log_set_threshold((enum pmirror_log_level) - 1), "threshold");
+  EXPECT_INVALID(pmirror_log_get_threshold(NULL), "threshold");
+
+  struct log_lines lines = {0, 0, ""};
+  EXPECT_RC(pmirror_log_set_function(collect_line, &lines), 0);
+  EXPECT_RC(pmirror_log_set_threshold(PMIRROR_LOG_INFO), 0);
+  enum pmirror_log_level threshold = PMIRROR_LOG_OFF;
+  EXPECT_RC(pmirror_log_get_threshold(&threshold), 0);
+  EXPECT_TRUE(threshold == PMIRROR_LOG_INFO);
+  if (open_new_copy("vol", first_path, port, secret, error, error_size) != 0) return -1;
+  EXPECT_TRUE(lines.count > 0);
+  EXPECT_TRUE(lines.below_info == 0);
+  /* The bare text: it names the volume and carries no time stamp or level. */
+  EXPECT_TRUE(strncmp(lines.first_new_copy, "volume vol: new copy", 20) == 0);
+
+  EXPECT_RC(pmirror_log_set_threshold(PMIRROR_LOG_OFF), 0);
+  int before = lines.count;
+  if (open_new_copy("vol2", second_path, port, secret, error, error_size) != 0) return -1;
+  EXPECT_TRUE(lines.count == before);
+
+  /* Back to stderr, at info; the function is not called again. */
+  EXPECT_RC(pmirror_log_set_function(NULL, NULL), 0);
+  EXPECT_RC(pmirror_log_set_threshold(PMIRROR_LOG_INFO), 0);
+  return 0;
+}
+
 int c_api_open_null(void) { return pmirror_open(NULL, NULL); }

@@ -12,6 +12,8 @@ extern "C" int c_api_cfg_rejects_bad_values(char* error, size_t error_size);
 extern "C" int c_api_names_every_error(char* error, size_t error_size);
 extern "C" int c_api_version(char* error, size_t error_size);
 extern "C" int c_api_open_null(void);
+extern "C" int c_api_log_function(const char* first_path, const char* second_path, uint16_t port,
+                                  const char* secret, char* error, size_t error_size);
 
 namespace pmirror {
 namespace {
@@ -49,6 +51,18 @@ TEST(CApiTest, OpensFromTheClusterFile) {
   ASSERT_EQ(c_api_open_from_config(target.config_path().c_str(), error, sizeof error), 0) << error;
   EXPECT_TRUE(
       bytes_at(testing::read_file(tmp.file("replica.img")), 12288, "hello from the cluster file"));
+}
+
+TEST(CApiTest, TheApplicationsLogFunctionGetsTheLinesAboveItsThreshold) {
+  testing::TempDir tmp;
+  testing::DaemonProcess target(tmp.path().string(), {{"vol", tmp.file("replica.img"), 1 << 20},
+                                                      {"vol2", tmp.file("replica2.img"), 1 << 20}});
+  ASSERT_TRUE(target.start()) << target.log();
+  char error[1024] = "";
+  EXPECT_EQ(c_api_log_function(tmp.file("first.img").c_str(), tmp.file("second.img").c_str(),
+                               target.port(), "correct horse battery staple", error, sizeof error),
+            0)
+      << error;
 }
 
 TEST(CApiTest, CfgRefusesBadValuesWithAMessage) {
