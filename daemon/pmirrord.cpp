@@ -58,9 +58,19 @@ int main(int argc, char** argv) {
   app.set_version_flag("-V,--version", "pmirrord " PMIRROR_VERSION_STRING);
   CLI11_PARSE(app, argc, argv);
 
-  auto console = spdlog::stderr_color_mt("pmirrord");
-  // journald adds its own time stamps and knows the unit; keep lines short.
-  console->set_pattern(foreground ? "%Y-%m-%d %H:%M:%S.%e %^%l%$ %v" : "%l: %v");
+  // Started by systemd: straight to the journal, each line with its
+  // priority (`journalctl -p warning -u pmirrord`). Otherwise stderr; a
+  // terminal (--foreground) gets time stamps and colour.
+  std::shared_ptr<spdlog::logger> console;
+  if (!foreground && pmirror::systemd::stderr_is_journal()) {
+    console =
+        std::make_shared<spdlog::logger>("pmirrord", pmirror::systemd::journal_sink("pmirrord"));
+    console->set_pattern("%v");
+  } else {
+    console = spdlog::stderr_color_mt("pmirrord");
+    // Under a supervisor that stamps lines itself, keep them short.
+    console->set_pattern(foreground ? "%Y-%m-%d %H:%M:%S.%e %^%l%$ %v" : "%l: %v");
+  }
   spdlog::set_default_logger(console);
   pmirror::log::set(console);  // what lib/ logs goes there too
 
@@ -224,8 +234,12 @@ int main(int argc, char** argv) {
   // Prometheus endpoint, only when the config asks for one.
   std::unique_ptr<pmirror::metrics::Exporter> exporter;
   if (config.metrics) {
+    // Both sides of this node: the copies pmirrord serves and the volumes
+    // that applications here have open as primary (their control sockets).
     auto started = pmirror::metrics::Exporter::start(config.metrics->to_string(), [&target] {
-      return pmirror::target::to_json((*target)->status());
+      return pmirror::control::with_local_primaries(pmirror::target::to_json((*target)->status()),
+                                                    pmirror::control::runtime_dir(),
+                                                    std::chrono::seconds(1));
     });
     if (!started.ok()) {
       spdlog::critical("{}", started.status().message());

@@ -1,9 +1,13 @@
 #include "systemd/systemd.h"
 
+#include <spdlog/sinks/systemd_sink.h>
+#include <sys/stat.h>
 #include <systemd/sd-daemon.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -36,6 +40,21 @@ std::string one_line(std::string_view text) {
 bool notify_socket_set() {
   const char* socket = std::getenv("NOTIFY_SOCKET");
   return socket != nullptr && socket[0] != '\0';
+}
+
+bool stderr_is_journal() {
+  const char* stream = std::getenv("JOURNAL_STREAM");
+  if (stream == nullptr) return false;
+  unsigned long long device = 0, inode = 0;
+  char end = '\0';
+  if (std::sscanf(stream, "%llu:%llu%c", &device, &inode, &end) != 2) return false;
+  struct stat st {};
+  if (::fstat(STDERR_FILENO, &st) != 0) return false;
+  return st.st_dev == device && st.st_ino == inode;
+}
+
+std::shared_ptr<spdlog::sinks::sink> journal_sink(const std::string& identifier) {
+  return std::make_shared<spdlog::sinks::systemd_sink_mt>(identifier);
 }
 
 void notify_ready(std::string_view status) {

@@ -16,9 +16,12 @@
 //   WATCHDOG=1    every half WatchdogSec= while the daemon is healthy
 #pragma once
 
+#include <spdlog/sinks/sink.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string_view>
@@ -28,6 +31,16 @@ namespace pmirror::systemd {
 
 // True when NOTIFY_SOCKET is set (the service manager listens).
 bool notify_socket_set();
+
+// True when stderr is the journal's stream (systemd started us with
+// StandardError=journal): JOURNAL_STREAM names stderr's device and inode.
+// Then logging straight to the journal keeps each line's priority, which a
+// plain line on stderr loses (systemd.exec(5), "JOURNAL_STREAM").
+bool stderr_is_journal();
+// A sink that writes each line to the journal with its syslog priority
+// (trace and debug: LOG_DEBUG ... critical: LOG_CRIT) and
+// SYSLOG_IDENTIFIER=`identifier`.
+std::shared_ptr<spdlog::sinks::sink> journal_sink(const std::string& identifier);
 
 // READY=1, with STATUS=<status> in the same datagram when status is not empty.
 void notify_ready(std::string_view status = {});

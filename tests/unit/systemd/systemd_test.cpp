@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -23,6 +24,7 @@ class SystemdTest : public ::testing::Test {
     ::unsetenv("NOTIFY_SOCKET");
     ::unsetenv("WATCHDOG_USEC");
     ::unsetenv("WATCHDOG_PID");
+    ::unsetenv("JOURNAL_STREAM");
   }
   void TearDown() override { SetUp(); }
 };
@@ -38,6 +40,24 @@ TEST_F(SystemdTest, WithoutNotifySocketEverythingIsANoOp) {
   EXPECT_FALSE(watchdog_interval().has_value());
   WatchdogPinger pinger;
   EXPECT_FALSE(pinger.active());
+}
+
+// pmirrord logs to the journal only when its stderr is the journal's
+// stream: JOURNAL_STREAM names stderr's device and inode, not another file.
+TEST_F(SystemdTest, StderrIsTheJournalOnlyWhenJournalStreamNamesIt) {
+  EXPECT_FALSE(stderr_is_journal());  // unset
+  struct stat err {};
+  ASSERT_EQ(::fstat(STDERR_FILENO, &err), 0);
+  std::string self = std::to_string(err.st_dev) + ":" + std::to_string(err.st_ino);
+  ::setenv("JOURNAL_STREAM", self.c_str(), 1);
+  EXPECT_TRUE(stderr_is_journal());
+  std::string other = std::to_string(err.st_dev) + ":" + std::to_string(err.st_ino + 1);
+  ::setenv("JOURNAL_STREAM", other.c_str(), 1);
+  EXPECT_FALSE(stderr_is_journal()) << "stderr was redirected elsewhere: not the journal";
+  for (const char* bad : {"", "garbage", "1:", ":2", "1:2:3", "1:2x"}) {
+    ::setenv("JOURNAL_STREAM", bad, 1);
+    EXPECT_FALSE(stderr_is_journal()) << bad;
+  }
 }
 
 TEST_F(SystemdTest, MessagesReachTheSocket) {
