@@ -79,7 +79,7 @@ _pmirrorctl() {
   case $command in
     status) options='--json --help' ;;
     events) options='--json --count --now --help' ;;
-    resync) options='--peer --full --json --help' ;;
+    resync) options='--peer --full --wait --json --help' ;;
     verify) options='--peer --mark-dirty --json --help' ;;
     promote) options='--force --json --help' ;;
     demote) options='--json --help' ;;

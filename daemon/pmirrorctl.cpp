@@ -1,10 +1,14 @@
 // pmirrorctl: asks the pmirror processes on this node what they are doing
 // (control sockets, lib/control) and checks cluster files. docs/pmirrorctl.md.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <future>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -389,10 +393,86 @@ Located find_primary(const Global& global, const std::string& volume) {
   return {{}, kExitUsage};
 }
 
+// The peer's resync counters before the resync is asked for, so that
+// --wait tells the one it started from any earlier one.
+struct ResyncCounters {
+  uint64_t resyncs = 0;
+  uint64_t resynced_bytes = 0;
+};
+ResyncCounters resync_counters(const json& peer) {
+  if (!peer.is_object()) return {};
+  return {peer.value("resyncs", uint64_t{0}), peer.value("resynced_bytes", uint64_t{0})};
+}
+ResyncCounters resync_counters(const Global& global, const std::string& path,
+                               const std::string& volume, const std::string& peer) {
+  auto status =
+      control::request(path, {{"command", "status"}}, std::chrono::milliseconds(global.timeout_ms));
+  if (!status.ok()) return {};
+  return resync_counters(control::find_peer(*status, volume, peer));
+}
+
+// Follows a resync in the primary's status until the replica is in sync
+// (exit 0) or goes away (exit 5). On a terminal one line is rewritten in
+// place; otherwise a line per tenth of the copy, so that a log stays short;
+// with --json nothing (stdout holds the one JSON reply), the exit code says.
+int wait_for_resync(const Global& global, const std::string& path, const std::string& volume,
+                    const std::string& peer, ResyncCounters before, bool quiet) {
+  using Clock = std::chrono::steady_clock;
+  const bool terminal = !quiet && ::isatty(STDOUT_FILENO) == 1;
+  const auto started = Clock::now();
+  uint64_t last_tenth = 0;
+  bool line_open = false;  // a terminal line without its newline yet
+  std::chrono::milliseconds timeout(global.timeout_ms);
+  for (;;) {
+    auto status = control::request(path, {{"command", "status"}}, timeout);
+    if (!status.ok()) {
+      if (line_open) std::printf("\n");
+      note("lost the primary's process while waiting: " + status.status().message());
+      return kExitError;
+    }
+    json p = control::find_peer(*status, volume, peer);
+    if (!p.is_object()) {
+      if (line_open) std::printf("\n");
+      note("volume '" + volume + "' or its replica '" + peer +
+           "' is no longer open in that process");
+      return kExitError;
+    }
+    control::ResyncObservation seen = control::observe_resync(volume, p, before.resyncs);
+    if (seen.outcome != control::ResyncOutcome::kRunning) {
+      if (line_open) std::printf("\n");
+      if (seen.outcome == control::ResyncOutcome::kStopped) {
+        note(seen.line);
+        return kExitError;
+      }
+      double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+      uint64_t after = resync_counters(p).resynced_bytes;
+      uint64_t copied = after > before.resynced_bytes ? after - before.resynced_bytes : 0;
+      if (quiet) return kExitOk;
+      std::printf("%s: copied %s in %.1f s\n", seen.line.c_str(),
+                  control::format_amount(copied).c_str(), seconds);
+      return kExitOk;
+    }
+    if (terminal) {
+      std::printf("\r\033[K%s", seen.line.c_str());
+      line_open = true;
+    } else if (!quiet && seen.total_bytes > 0) {
+      uint64_t tenth = seen.done_bytes * 10 / seen.total_bytes;
+      if (tenth > last_tenth) {
+        last_tenth = tenth;
+        std::printf("%s\n", seen.line.c_str());
+      }
+    }
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::milliseconds(terminal ? 250 : 500));
+  }
+}
+
 int run_resync(const Global& global, const std::string& volume, const std::string& peer, bool full,
-               bool as_json) {
+               bool wait, bool as_json) {
   Located primary = find_primary(global, volume);
   if (primary.exit_code != kExitOk) return primary.exit_code;
+  const ResyncCounters before =
+      wait ? resync_counters(global, primary.path, volume, peer) : ResyncCounters{};
   json request = {{"command", "resync"}, {"volume", volume}, {"peer", peer}, {"full", full}};
   auto result =
       control::request(primary.path, request, std::chrono::milliseconds(global.timeout_ms));
@@ -400,9 +480,14 @@ int run_resync(const Global& global, const std::string& volume, const std::strin
   if (as_json) {
     print_json(*result);
   } else {
-    std::printf("%s\n", control::format_resync_human(*result).c_str());
+    std::string line = control::format_resync_human(*result);
+    // With --wait the progress follows, not the advice to follow it.
+    if (wait) line = line.substr(0, line.find("; follow it with"));
+    std::printf("%s\n", line.c_str());
   }
-  return kExitOk;
+  std::fflush(stdout);
+  if (!wait) return kExitOk;
+  return wait_for_resync(global, primary.path, volume, peer, before, as_json);
 }
 
 int run_verify(const Global& global, const std::string& volume, const std::string& peer,
@@ -412,7 +497,41 @@ int run_verify(const Global& global, const std::string& volume, const std::strin
   json request = {{"command", "verify"}, {"volume", volume}, {"mark_dirty", mark_dirty}};
   if (!peer.empty()) request["peer"] = peer;
   int timeout_ms = global.timeout_given ? global.timeout_ms : kVerifyTimeoutMs;
-  auto result = control::request(primary.path, request, std::chrono::milliseconds(timeout_ms));
+  // The verify's reply comes at its end; meanwhile its progress, from the
+  // process's status on a second connection (answered beside the verify):
+  // one line rewritten on a terminal, a line per tenth otherwise.
+  std::promise<pmirror::Result<json>> reply;
+  std::future<pmirror::Result<json>> replied = reply.get_future();
+  std::thread requester([&] {
+    reply.set_value(control::request(primary.path, request, std::chrono::milliseconds(timeout_ms)));
+  });
+  const bool terminal = !as_json && ::isatty(STDOUT_FILENO) == 1;
+  std::map<std::string, uint64_t> tenths;  // per replica, for the plain lines
+  bool line_open = false;
+  while (!as_json && replied.wait_for(std::chrono::milliseconds(terminal ? 250 : 500)) !=
+                         std::future_status::ready) {
+    auto status = control::request(primary.path, {{"command", "status"}},
+                                   std::chrono::milliseconds(global.timeout_ms));
+    if (!status.ok()) continue;  // the verify's own reply says what went wrong
+    std::string shown;
+    for (const auto& [name, done, total] : control::verify_progress(*status, volume)) {
+      std::string line = control::format_verify_progress(volume, name, done, total);
+      if (terminal) {
+        shown += (shown.empty() ? "" : "; ") + line;
+      } else if (total > 0 && done * 10 / total > tenths[name]) {
+        tenths[name] = done * 10 / total;
+        std::printf("%s\n", line.c_str());
+      }
+    }
+    if (terminal && !shown.empty()) {
+      std::printf("\r\033[K%s", shown.c_str());
+      line_open = true;
+    }
+    std::fflush(stdout);
+  }
+  requester.join();
+  if (line_open) std::printf("\r\033[K");
+  auto result = replied.get();
   if (!result.ok()) return command_failed(result.status());
   if (as_json) {
     print_json(*result);
@@ -574,6 +693,10 @@ int main(int argc, char** argv) {
   resync->add_option("--peer", peer, "the replica's node name")->required();
   resync->add_flag("--full", full, "copy the whole volume, not only the dirty chunks");
   resync->add_flag("--json", command_json, "print the reply as JSON (docs/control.md)");
+  bool wait = false;
+  resync->add_flag("--wait", wait,
+                   "follow the resync's progress and return once the replica is in sync "
+                   "(exit code 5 if it goes away first)");
 
   auto* verify = app.add_subcommand(
       "verify", "compare the primary's copy with the replicas (exit code 6 if they differ)");
@@ -624,7 +747,7 @@ int main(int argc, char** argv) {
     return EventStream(global, events_json, count).run();
   }
   if (check->parsed()) return run_config_check(config_file, node);
-  if (resync->parsed()) return run_resync(global, command_volume, peer, full, command_json);
+  if (resync->parsed()) return run_resync(global, command_volume, peer, full, wait, command_json);
   if (verify->parsed()) return run_verify(global, command_volume, peer, mark_dirty, command_json);
   if (promote->parsed()) {
     return run_role(global, {{"command", "promote"}, {"volume", command_volume}, {"force", force}},

@@ -248,6 +248,27 @@ std::string initiator_socket_path(pid_t pid, const std::string& dir) {
   return dir + "/initiator-" + std::to_string(pid) + ".sock";
 }
 
+nlohmann::json with_local_primaries(nlohmann::json status, const std::string& dir,
+                                    std::chrono::milliseconds timeout) {
+  auto sockets = list_initiator_sockets(dir);
+  if (!sockets.ok() || sockets->empty() || !status.is_object()) return status;
+  nlohmann::json& volumes = status["volumes"];
+  if (!volumes.is_array()) volumes = nlohmann::json::array();
+  const nlohmann::json ask = {{"command", "status"}};
+  for (const InitiatorSocket& socket : *sockets) {
+    auto answer = request(socket.path, ask, timeout);
+    if (!answer.ok() || !answer->is_object()) continue;
+    auto theirs = answer->find("volumes");
+    if (theirs == answer->end() || !theirs->is_array()) continue;
+    for (nlohmann::json& volume : *theirs) {
+      if (volume.is_object() && volume.value("role", "") == "primary") {
+        volumes.push_back(std::move(volume));
+      }
+    }
+  }
+  return status;
+}
+
 Result<std::vector<InitiatorSocket>> list_initiator_sockets(const std::string& dir) {
   std::vector<InitiatorSocket> sockets;
   std::unique_ptr<DIR, int (*)(DIR*)> handle(::opendir(dir.c_str()), ::closedir);
@@ -609,6 +630,7 @@ class Server::Impl {
           return;
         }
         std::string reply = answer_request(line, [this](const json& request) {
+          if (concurrent(request)) return handler_(request);
           std::lock_guard lock(handler_mutex_);
           return handler_(request);
         });
@@ -616,6 +638,14 @@ class Server::Impl {
       }
       connection.state = kIdle;
     }
+  }
+
+  bool concurrent(const json& request) const {
+    const json& command = request["command"];  // a string: answer_request checked
+    for (const std::string& name : options_.concurrent_commands) {
+      if (command == name) return true;
+    }
+    return false;
   }
 
   void stream_events(int fd) {

@@ -38,6 +38,7 @@
 #include <stop_token>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "common/status.h"
@@ -68,6 +69,10 @@ struct ServerOptions {
   std::chrono::milliseconds idle_timeout = kIdleTimeout;
   size_t max_connections = kMaxConnections;
   size_t max_subscribers = kMaxSubscribers;
+  // Commands whose handler calls are not serialised with the others: the
+  // handler is thread-safe for them. libpmirror lists "status", so that a
+  // verify (minutes on a large volume) does not hold `pmirrorctl status` up.
+  std::vector<std::string> concurrent_commands;
 };
 
 // Where control sockets live: $PMIRROR_RUNTIME_DIR, else /run/pmirror.
@@ -90,9 +95,19 @@ Result<std::vector<InitiatorSocket>> list_initiator_sockets(const std::string& d
 // answers there). Errors: kPermissionDenied, kIoError from unlink.
 Result<bool> remove_if_stale(const InitiatorSocket& socket);
 
+// pmirrord's metrics snapshot: its own status object with, appended to its
+// "volumes", the volumes that the processes on this node have open as
+// primary (each initiator-<pid>.sock in `dir` asked for its status), so that
+// one endpoint per node serves both sides (docs/operations.md#metrics). A
+// process that does not answer within `timeout` (or has gone) is left out
+// of this snapshot; the daemon's own part is never held up beyond that.
+nlohmann::json with_local_primaries(nlohmann::json status, const std::string& dir,
+                                    std::chrono::milliseconds timeout);
+
 // Handles one request (a JSON object with a string "command"; never
-// "events", which the Server handles). Calls are serialised by the Server,
-// so the handler needs no locking of its own against other requests.
+// "events", which the Server handles). Calls are serialised by the Server
+// (but for ServerOptions::concurrent_commands), so the handler needs no
+// locking of its own against other requests.
 // An error Status becomes {"ok":false,"error":{"code":errc_name,"message":...}}.
 using Handler = std::function<Result<nlohmann::json>(const nlohmann::json& request)>;
 
@@ -218,6 +233,36 @@ bool has_primary_volume(const nlohmann::json& status, const std::string& volume)
 // The result of "resync" in one line:
 //   "db0: resync of node3 started: 3.2 MiB (52 chunks) to copy"
 std::string format_resync_human(const nlohmann::json& result);
+// `pmirrorctl resync --wait`: what one peer object of the primary's status
+// says of a resync started when that peer's "resyncs" counter read
+// `resyncs_before`.
+enum class ResyncOutcome {
+  kRunning,  // line: "db0 -> node3: 12.0 MiB of 64.0 MiB (18%), 8.0 MiB/s, 6s left"
+  kDone,     // the counter moved and no resync runs: "db0: node3 in sync"
+  kStopped,  // the replica is gone (any state but connected, syncing and
+             // lagging): line says so, and that the resync resumes when it is back
+};
+struct ResyncObservation {
+  ResyncOutcome outcome = ResyncOutcome::kRunning;
+  std::string line;
+  uint64_t done_bytes = 0;  // kRunning: as the progress says
+  uint64_t total_bytes = 0;
+};
+ResyncObservation observe_resync(const std::string& volume, const nlohmann::json& peer,
+                                 uint64_t resyncs_before);
+// The peer object named `peer` of `volume` (role primary) in one process's
+// status object; null when there is none.
+nlohmann::json find_peer(const nlohmann::json& status, const std::string& volume,
+                         const std::string& peer);
+
+// The replicas of `volume` (role primary) that a verify is comparing now,
+// in one process's status object: (name, done_bytes, total_bytes).
+std::vector<std::tuple<std::string, uint64_t, uint64_t>> verify_progress(
+    const nlohmann::json& status, const std::string& volume);
+// "db0 verify of node3: 12.0 MiB of 64.0 MiB compared (18%)"
+std::string format_verify_progress(const std::string& volume, const std::string& peer,
+                                   uint64_t done_bytes, uint64_t total_bytes);
+
 // The result of "verify": a line per peer, then at most `max_ranges`
 // mismatching ranges each ("... and N more").
 std::string format_verify_human(const nlohmann::json& result, size_t max_ranges = 20);

@@ -552,6 +552,92 @@ std::string format_resync_human(const nlohmann::json& result) {
   return out + "; follow it with `pmirrorctl status " + volume + "`";
 }
 
+nlohmann::json find_peer(const nlohmann::json& status, const std::string& volume,
+                         const std::string& peer) {
+  const json& volumes = member(status, "volumes");
+  if (!volumes.is_array()) return nullptr;
+  for (const json& v : volumes) {
+    if (str(v, "name") != volume || str(v, "role") != "primary") continue;
+    const json& peers = member(v, "peers");
+    if (!peers.is_array()) return nullptr;
+    for (const json& p : peers) {
+      if (str(p, "name") == peer) return p;
+    }
+  }
+  return nullptr;
+}
+
+ResyncObservation observe_resync(const std::string& volume, const nlohmann::json& peer,
+                                 uint64_t resyncs_before) {
+  ResyncObservation seen;
+  std::string name = str(peer, "name");
+  std::string state = str(peer, "state");
+  const json& progress = member(peer, "resync");
+  if (!progress.is_object()) {
+    if (number(peer, "resyncs").value_or(0) > resyncs_before) {
+      seen.outcome = ResyncOutcome::kDone;
+      seen.line = volume + ": " + name + " in sync";
+      return seen;
+    }
+  }
+  // Connected, or copying to it: the resync goes on. Any other state
+  // (disconnected, connecting again, refused, split-brain, closed) means the
+  // replica went away.
+  if (state != "connected" && state != "syncing" && state != "lagging") {
+    seen.outcome = ResyncOutcome::kStopped;
+    seen.line = volume + ": resync of " + name + " stopped: " + name + " is " + state;
+    if (std::string reason = str(peer, "reason"); !reason.empty()) seen.line += " (" + reason + ")";
+    seen.line += state == "refused" || state == "split-brain"
+                     ? "; see docs/replica-recovery.md"
+                     : "; it resumes when the replica is back: `pmirrorctl status " + volume + "`";
+    return seen;
+  }
+  seen.line = volume + " -> " + name + ": ";
+  if (!progress.is_object()) {
+    seen.line += "waiting for the resync to start (" + state + ")";
+    return seen;
+  }
+  seen.done_bytes = number(progress, "done_bytes").value_or(0);
+  seen.total_bytes = number(progress, "total_bytes").value_or(0);
+  seen.line += format_amount(seen.done_bytes) + " of " + format_amount(seen.total_bytes);
+  if (seen.total_bytes > 0) {
+    // Floor: 100% only once everything is copied.
+    seen.line += " (" + std::to_string(seen.done_bytes * 100 / seen.total_bytes) + "%)";
+  }
+  if (auto rate = number(progress, "rate_bytes_per_s"); rate && *rate > 0) {
+    seen.line += ", " + format_amount(*rate) + "/s";
+  }
+  if (auto eta = number(progress, "eta_seconds")) seen.line += ", " + format_eta(*eta) + " left";
+  return seen;
+}
+
+std::vector<std::tuple<std::string, uint64_t, uint64_t>> verify_progress(
+    const nlohmann::json& status, const std::string& volume) {
+  std::vector<std::tuple<std::string, uint64_t, uint64_t>> out;
+  const json& volumes = member(status, "volumes");
+  if (!volumes.is_array()) return out;
+  for (const json& v : volumes) {
+    if (str(v, "name") != volume || str(v, "role") != "primary") continue;
+    const json& peers = member(v, "peers");
+    if (!peers.is_array()) continue;
+    for (const json& p : peers) {
+      const json& progress = member(p, "verify");
+      if (!progress.is_object()) continue;
+      out.emplace_back(str(p, "name"), number(progress, "done_bytes").value_or(0),
+                       number(progress, "total_bytes").value_or(0));
+    }
+  }
+  return out;
+}
+
+std::string format_verify_progress(const std::string& volume, const std::string& peer,
+                                   uint64_t done_bytes, uint64_t total_bytes) {
+  std::string line = volume + " verify of " + peer + ": " + format_amount(done_bytes) + " of " +
+                     format_amount(total_bytes) + " compared";
+  if (total_bytes > 0) line += " (" + std::to_string(done_bytes * 100 / total_bytes) + "%)";
+  return line;
+}
+
 uint64_t verify_mismatches(const nlohmann::json& result) {
   uint64_t total = 0;
   const json& peers = member(result, "peers");

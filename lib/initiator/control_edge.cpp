@@ -54,6 +54,9 @@ json to_json(const PeerStatus& s) {
                       {"eta_seconds", r.eta_seconds ? json(*r.eta_seconds) : json(nullptr)},
                       {"full", r.full}};
   }
+  if (s.verify) {
+    peer["verify"] = {{"done_bytes", s.verify->done_bytes}, {"total_bytes", s.verify->total_bytes}};
+  }
   peer["latency_us"] = {{"p50", s.latency_us.p50},
                         {"p99", s.latency_us.p99},
                         {"p999", s.latency_us.p999},
@@ -172,12 +175,17 @@ class Registry {
 
  private:
   void start_locked() {
-    auto server = control::Server::start(control::initiator_socket_path(::getpid()),
-                                         [this](const json& request) -> Result<json> {
-                                           if (request.value("command", "") == "status")
-                                             return status();
-                                           return command(request);
-                                         });
+    // status() and command() take the registry's own locks: status is
+    // answered while a verify runs on another connection.
+    control::ServerOptions options;
+    options.concurrent_commands = {"status"};
+    auto server = control::Server::start(
+        control::initiator_socket_path(::getpid()),
+        [this](const json& request) -> Result<json> {
+          if (request.value("command", "") == "status") return status();
+          return command(request);
+        },
+        options);
     if (!server.ok()) {
       // Status is a convenience: the volume works without it.
       log::warn(

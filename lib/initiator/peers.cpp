@@ -369,6 +369,7 @@ PeerStatus Peers::status(const Peer& peer) const {
   }
   s.generation = peer.remote_generation;
   s.latency_us = peer.latency.percentiles();
+  if (peer.verifying) s.verify = VerifyProgress{peer.verify_done_bytes, core_.local->size()};
   return s;
 }
 

@@ -78,6 +78,11 @@ struct Peer {
   // cleared when it is in sync again.
   std::string last_error;
 
+  // A verify against it under way (Verifier, under the volume mutex):
+  // bytes compared so far of the volume's size, for status.
+  bool verifying = false;
+  uint64_t verify_done_bytes = 0;
+
   // Since open.
   supervisor::LatencyWindow latency;
   uint64_t persists = 0;

@@ -121,6 +121,7 @@ VerifyPeerResult Verifier::verify_peer(Peer& peer, bool mark_dirty) {
     suspects.insert(suspects.end(), differing->begin(), differing->end());
     result.chunks_compared += count;
     result.bytes_compared += std::min(count * chunk_size, core_.local->size() - first * chunk_size);
+    peer.verify_done_bytes = result.bytes_compared;
   }
 
   std::vector<uint64_t> confirmed;
@@ -224,7 +225,16 @@ Result<std::vector<VerifyPeerResult>> Verifier::verify(const std::string& peer, 
                   "no replica of '" + core_.options.name + "' is connected to verify against");
   }
   std::vector<VerifyPeerResult> results;
-  for (Peer* target : targets) results.push_back(verify_peer(*target, mark_dirty));
+  for (Peer* target : targets) {
+    {
+      std::lock_guard lock(core_.mutex);
+      target->verifying = true;
+      target->verify_done_bytes = 0;
+    }
+    results.push_back(verify_peer(*target, mark_dirty));
+    std::lock_guard lock(core_.mutex);
+    target->verifying = false;
+  }
   return results;
 }
 

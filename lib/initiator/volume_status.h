@@ -22,6 +22,13 @@ struct ResyncProgress {
   bool full = false;
 };
 
+// The first pass of a verify (each chunk's hash on both sides); the second
+// look at the suspects is not counted.
+struct VerifyProgress {
+  uint64_t done_bytes = 0;
+  uint64_t total_bytes = 0;
+};
+
 struct PeerStatus {
   std::string name;
   std::string address;  // host:port
@@ -43,6 +50,7 @@ struct PeerStatus {
   uint64_t resynced_bytes = 0;
   uint64_t resyncs = 0;
   std::optional<ResyncProgress> resync;  // while one runs
+  std::optional<VerifyProgress> verify;  // while a verify compares it
   supervisor::LatencyWindow::Percentiles latency_us;
 };
 

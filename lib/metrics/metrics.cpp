@@ -16,6 +16,7 @@
 #include <cmath>
 #include <exception>
 #include <limits>
+#include <map>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -274,6 +275,25 @@ class Converter {
       error(where + ".peers is not an array");
       return;
     }
+    // A replica's peers are its writers' sessions, named
+    // "identity@address:port": labelled by identity, since the port changes
+    // with every connection and would make a new series each time. Ended
+    // sessions are left out, and of several sessions of one identity (one
+    // that reconnected before the old one was reaped) the newest is kept,
+    // so `pmirror_peer_connected == 0` means a writer that is down now.
+    const bool sessions = role == "replica";
+    std::map<std::string, size_t> newest;  // identity -> index (sessions only)
+    if (sessions) {
+      for (size_t i = 0; i < peers->size(); ++i) {
+        const json& p = (*peers)[i];
+        if (!p.is_object() || p.value("state", json()) == "closed") continue;
+        auto name = p.find("name");
+        if (name == p.end() || !name->is_string()) continue;
+        std::string identity = writer_identity(name->get<std::string>());
+        auto [at, inserted] = newest.emplace(identity, i);
+        if (!inserted && since_of((*peers)[at->second]) <= since_of(p)) at->second = i;
+      }
+    }
     std::set<std::string> seen;
     for (size_t i = 0; i < peers->size(); ++i) {
       const json& p = (*peers)[i];
@@ -288,12 +308,27 @@ class Converter {
         error(peer_where + " has neither name nor address");
         continue;
       }
+      if (sessions) {
+        auto it = newest.find(writer_identity(*peer_name));
+        if (it == newest.end() || it->second != i) continue;  // ended, or superseded
+        peer_name = writer_identity(*peer_name);
+      }
       if (!seen.insert(*peer_name).second) {
         error(peer_where + ": peer '" + *peer_name + "' appears twice");
         continue;
       }
       peer(p, labels, *peer_name, where + " peer '" + *peer_name + "'");
     }
+  }
+
+  // "app1@10.0.0.1:53422" -> "app1"; a name without '@' as it is.
+  static std::string writer_identity(const std::string& session_name) {
+    return session_name.substr(0, session_name.rfind('@'));
+  }
+  // RFC 3339 in UTC with a fixed number of digits sorts as text.
+  static std::string since_of(const json& p) {
+    auto since = p.find("since");
+    return since != p.end() && since->is_string() ? since->get<std::string>() : std::string();
   }
 
   void peer(const json& p, const Labels& volume_labels, const std::string& name,

@@ -34,6 +34,7 @@
 #include "support/cluster.h"
 #include "support/daemon_process.h"
 #include "support/records.h"
+#include "support/scrape.h"
 #include "transport/tcp/wire.h"
 #include "transport/transport.h"
 
@@ -121,24 +122,6 @@ size_t count_lines_with(const std::string& text, const std::string& needle) {
     if (line.find(needle) != std::string::npos) ++n;
   }
   return n;
-}
-
-// GET http://127.0.0.1:port/metrics, the body ("" on failure).
-std::string scrape(uint16_t port) {
-  int fd = connect_from("127.0.0.1", port);
-  if (fd < 0) return "";
-  int flags = ::fcntl(fd, F_GETFL);
-  ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
-  timeval tv{10, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  (void)!::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
-  std::string response;
-  char buffer[8192];
-  for (ssize_t n; (n = ::recv(fd, buffer, sizeof buffer, 0)) > 0;) response.append(buffer, n);
-  ::close(fd);
-  size_t body = response.find("\r\n\r\n");
-  return body == std::string::npos ? "" : response.substr(body + 4);
 }
 
 bool valid_utf8(const std::string& text) {
@@ -540,7 +523,7 @@ TEST_F(AdmissionTest, StrangersBytesNeverBreakStatusOrMetrics) {
   ASSERT_EQ(human.exit, 0) << human.text();
   EXPECT_EQ(human.out.find('\x1b'), std::string::npos) << human.out;
 
-  std::string metrics = scrape(metrics_port);
+  std::string metrics = testing::scrape(metrics_port);
   EXPECT_NE(metrics.find("\npmirror_up 1"), std::string::npos) << metrics;
   EXPECT_TRUE(valid_utf8(metrics));
   EXPECT_NE(metrics.find("pmirror_authentication_failures_total"), std::string::npos);

@@ -37,6 +37,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <pmirror/pmirror.hpp>
@@ -48,6 +49,7 @@
 #include "support/daemon_process.h"
 #include "support/link_proxy.h"
 #include "support/records.h"
+#include "support/scrape.h"
 
 namespace pmirror {
 namespace {
@@ -1025,6 +1027,145 @@ TEST_F(RecoveryTest, PmirrorctlFullResyncCopiesEverythingAtTheConfiguredRate) {
   EXPECT_EQ(compare_copies(cluster_->copy_path("app"), cluster_->copy_path("n1")), "");
 }
 
+// `pmirrorctl resync --wait` returns once the replica is in sync, with the
+// progress on the way (not a terminal: a line per tenth); when the replica
+// goes away first it says so and exits with 5.
+TEST_F(RecoveryTest, PmirrorctlResyncWaitReturnsOnceTheReplicaIsInSync) {
+  constexpr uint64_t kSize = 16ull << 20;
+  cluster_->add_node("app", false);
+  cluster_->add_node("n1");
+  volume(kSize, "app", {"n1"}, 1).resync_rate = "8MiB/s";  // about 2 s for the whole copy
+  cluster_->write_config();
+  ASSERT_TRUE(cluster_->start("n1")) << cluster_->logs();
+  auto opened = open_as("app");
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string() << cluster_->logs();
+  Volume& v = **opened;
+  ASSERT_TRUE(wait_in_sync(v, "n1")) << diag(v);
+  const uint64_t resyncs = peer_counter(v, "n1", "resyncs");
+
+  RunResult waited = cluster_->ctl("n1", {"resync", "v", "--peer", "n1", "--full", "--wait"});
+  ASSERT_EQ(waited.exit, 0) << waited.text();
+  // It returned after the resync ended, not when it started.
+  EXPECT_EQ(peer_counter(v, "n1", "resyncs"), resyncs + 1) << diag(v) << waited.text();
+  EXPECT_NE(waited.out.find("v: full resync of n1 started"), std::string::npos) << waited.text();
+  EXPECT_NE(waited.out.find("v -> n1: "), std::string::npos) << "no progress line\n"
+                                                             << waited.text();
+  EXPECT_NE(waited.out.find("v: n1 in sync: copied "), std::string::npos) << waited.text();
+  EXPECT_EQ(waited.out.find("follow it with"), std::string::npos) << waited.text();
+
+  // The replica dies while the wait follows a second full resync.
+  std::atomic<bool> killed{false};
+  std::thread killer([&] {
+    if (testing::eventually([&] { return peer_json(v, "n1").contains("resync"); }, scaled(20s),
+                            20ms)) {
+      cluster_->daemon("n1").kill9();
+      killed = true;
+    }
+  });
+  RunResult stopped = cluster_->ctl("n1", {"resync", "v", "--peer", "n1", "--full", "--wait"});
+  killer.join();
+  ASSERT_TRUE(killed.load()) << "the second resync was never seen running\n" << stopped.text();
+  EXPECT_EQ(stopped.exit, 5) << stopped.text();
+  EXPECT_NE(stopped.err.find("resync of n1 stopped: n1 is "), std::string::npos) << stopped.text();
+  EXPECT_EQ(stopped.out.find("in sync"), std::string::npos) << stopped.text();
+}
+
+// The volumes for which a documented alert (docs/operations.md#metrics)
+// fires in a scrape: those with a sample of `series` for `role` whose value
+// passes `fires`.
+std::set<std::string> alerting_volumes(const std::string& scrape, const std::string& series,
+                                       const std::string& role,
+                                       const std::function<bool(double)>& fires) {
+  std::set<std::string> volumes;
+  for (const auto& [labels, value] : testing::samples(scrape, series)) {
+    if (labels.find("role=\"" + role + "\"") == std::string::npos || !fires(value)) continue;
+    size_t at = labels.find("volume=\"");
+    if (at == std::string::npos) continue;
+    at += 8;
+    volumes.insert(labels.substr(at, labels.find('"', at) - at));
+  }
+  return volumes;
+}
+
+// One endpoint per node shows both sides: the copies its pmirrord serves
+// (role replica, writers labelled by identity, ended sessions gone) and the
+// volumes that applications on the node have open (role primary, from their
+// control sockets; here every node shares one runtime directory). With a
+// replica of "v" killed, the documented alerts fire for "v" and not for the
+// healthy "w".
+TEST_F(RecoveryTest, MetricsShowBothSidesAndTheAlertsFireOnlyForTheDegradedVolume) {
+  constexpr uint64_t kSize = 4ull << 20;
+  cluster_->add_node("app", false);
+  const uint16_t metrics_port = testing::free_port();
+  cluster_->add_node("n1").metrics = metrics_port;
+  cluster_->add_node("n2");
+  volume(kSize, "app", {"n1", "n2"}, 1);
+  ClusterVolumeSpec& w = volume(kSize, "app", {"n1"}, 1);
+  w.name = "w";
+  cluster_->write_config();
+  ASSERT_TRUE(cluster_->start("n1")) << cluster_->logs();
+  ASSERT_TRUE(cluster_->start("n2")) << cluster_->logs();
+  RecordLayout layout(kSize, kRecord);
+  auto v = open_as("app");
+  ASSERT_TRUE(v.ok()) << v.status().to_string() << cluster_->logs();
+  auto w_opened = Volume::open_from_config(cluster_->config_path(), "w", "app", "app");
+  ASSERT_TRUE(w_opened.ok()) << w_opened.status().to_string() << cluster_->logs();
+  ASSERT_TRUE(wait_in_sync(**v, "n1") && wait_in_sync(**v, "n2")) << diag(**v);
+  ASSERT_TRUE(wait_in_sync(**w_opened, "n1")) << diag(**w_opened);
+  ASSERT_TRUE(write_records(**v, layout, 1, 50, 1).ok()) << diag(**v);
+  ASSERT_TRUE(write_records(**w_opened, layout, 1, 50, 1).ok()) << diag(**w_opened);
+  // w's writer reconnects: its first session ends, a new one (another port)
+  // takes over. Only the live one may show.
+  w_opened->reset();
+  w_opened = Volume::open_from_config(cluster_->config_path(), "w", "app", "app");
+  ASSERT_TRUE(w_opened.ok()) << w_opened.status().to_string() << cluster_->logs();
+  ASSERT_TRUE(wait_in_sync(**w_opened, "n1")) << diag(**w_opened);
+
+  std::string healthy = testing::scrape(metrics_port);
+  ASSERT_NE(healthy.find("\npmirror_up 1"), std::string::npos) << healthy;
+  auto connected = testing::samples(healthy, "pmirror_peer_connected");
+  for (const char* series :
+       {R"(volume="v",role="primary",peer="n1")", R"(volume="v",role="primary",peer="n2")",
+        R"(volume="w",role="primary",peer="n1")", R"(volume="v",role="replica",peer="app")",
+        R"(volume="w",role="replica",peer="app")"}) {
+    EXPECT_EQ(connected.count(series), 1u) << series << "\n" << healthy;
+    EXPECT_EQ(connected[series], 1.0) << series << "\n" << healthy;
+  }
+  EXPECT_EQ(connected.size(), 5u) << "a closed session or a port in a label\n" << healthy;
+  EXPECT_EQ(healthy.find("peer=\"app@"), std::string::npos) << healthy;
+  auto latency = testing::samples(healthy, "pmirror_persist_latency_seconds_count");
+  EXPECT_GT(latency[R"(volume="v",role="primary",peer="n1")"], 0.0) << healthy;
+  EXPECT_TRUE(alerting_volumes(healthy, "pmirror_peer_connected", "primary",
+                               [](double x) { return x == 0; })
+                  .empty())
+      << healthy;
+
+  cluster_->daemon("n2").kill9();
+  ASSERT_TRUE(wait_state(**v, "n2", {"disconnected", "connecting"})) << diag(**v);
+  ASSERT_TRUE(write_records(**v, layout, 51, 80, 1).ok()) << diag(**v);  // dirty for n2
+  ASSERT_TRUE(write_records(**w_opened, layout, 51, 80, 1).ok()) << diag(**w_opened);
+  std::string degraded = testing::scrape(metrics_port);
+  ASSERT_NE(degraded.find("\npmirror_up 1"), std::string::npos) << degraded;
+  using Volumes = std::set<std::string>;
+  EXPECT_EQ(alerting_volumes(degraded, "pmirror_peer_connected", "primary",
+                             [](double x) { return x == 0; }),
+            Volumes{"v"})
+      << degraded;
+  EXPECT_EQ(alerting_volumes(degraded, "pmirror_peer_dirty_bytes", "primary",
+                             [](double x) { return x > 0; }),
+            Volumes{"v"})
+      << degraded;
+  EXPECT_EQ(testing::samples(degraded,
+                             "pmirror_peer_connected")[R"(volume="v",role="primary",peer="n2")"],
+            0.0)
+      << degraded;
+  // The replica side of n1 is healthy for both.
+  EXPECT_TRUE(alerting_volumes(degraded, "pmirror_peer_connected", "replica",
+                               [](double x) { return x == 0; })
+                  .empty())
+      << degraded;
+}
+
 // `pmirrorctl verify` finds a byte changed behind pmirror's back on one
 // replica; `--mark-dirty` has it resynced.
 TEST_F(RecoveryTest, VerifyFindsACorruptedByteAndMarkDirtyRepairsIt) {
@@ -1064,7 +1205,31 @@ TEST_F(RecoveryTest, VerifyFindsACorruptedByteAndMarkDirtyRepairsIt) {
   RunResult all = cluster_->ctl("n1", {"verify", "v"});
   EXPECT_EQ(all.exit, 6) << all.text();
 
+  // The verify's progress in status, whenever a look catches it: within the
+  // volume, never going back; gone once the verify returned.
+  std::atomic<bool> verified{false};
+  std::vector<std::pair<uint64_t, uint64_t>> progress;  // (done, total) as seen
+  std::thread watcher([&] {
+    while (!verified.load()) {
+      json p = peer_json(v, "n1");
+      if (p.is_object() && p.contains("verify")) {
+        progress.emplace_back(counter(p["verify"], "done_bytes"),
+                              counter(p["verify"], "total_bytes"));
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+  });
   auto results = v.verify("n1", false);
+  verified = true;
+  watcher.join();
+  for (size_t i = 0; i < progress.size(); ++i) {
+    EXPECT_EQ(progress[i].second, kSize);
+    EXPECT_LE(progress[i].first, kSize);
+    if (i > 0) {
+      EXPECT_GE(progress[i].first, progress[i - 1].first);
+    }
+  }
+  EXPECT_FALSE(peer_json(v, "n1").contains("verify")) << diag(v);
   ASSERT_TRUE(results.ok()) << results.status().to_string();
   ASSERT_EQ(results->size(), 1u);
   const auto& r = results->front();

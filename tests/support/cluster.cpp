@@ -201,7 +201,7 @@ TestCluster::~TestCluster() {
 }
 
 ClusterNodeSpec& TestCluster::add_node(const std::string& name, bool daemon) {
-  nodes_.push_back(ClusterNodeSpec{name, daemon, "", "", 0});
+  nodes_.push_back(ClusterNodeSpec{name, daemon, "", "", 0, 0});
   return nodes_.back();
 }
 
@@ -264,6 +264,7 @@ void TestCluster::write_config() {
         << "    control_socket: " << socket(n.name) << "\n"
         << "    state_pool: " << state_pool(n.name) << "\n";
     if (!n.listen.empty()) out << "    listen: " << n.listen << "\n";
+    if (n.metrics != 0) out << "    metrics: 127.0.0.1:" << n.metrics << "\n";
   }
   out << "volumes:\n";
   for (const auto& v : volumes_) {

@@ -38,6 +38,7 @@ struct ClusterNodeSpec {
   std::string address;  // empty: the cluster's address
   std::string listen;   // empty: not written (pmirrord binds `address`)
   uint16_t port = 0;    // 0: a free port
+  uint16_t metrics = 0;  // its pmirrord's metrics port (127.0.0.1); 0: no endpoint
 };
 
 struct ClusterVolumeSpec {

@@ -9,10 +9,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 namespace pmirror::control {
@@ -106,6 +108,63 @@ TEST(ControlServer, RoundTrip) {
   auto reply = control::request(path, request);
   ASSERT_TRUE(reply.ok()) << reply.status().message();
   EXPECT_EQ(*reply, request);
+}
+
+// A command listed in concurrent_commands is answered while another
+// request holds the handler (libpmirror: status during a verify); the
+// others still wait their turn.
+TEST(ControlServer, AConcurrentCommandIsAnsweredWhileAnotherRequestRuns) {
+  TempDir dir;
+  std::string path = dir.path() + "/c.sock";
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool release = false, holding = false;
+  std::atomic<int> echoes_during_hold{0};
+  ServerOptions options;
+  options.concurrent_commands = {"status"};
+  auto server = Server::start(
+      path,
+      [&](const json& request) -> Result<json> {
+        const std::string command = request["command"];
+        std::unique_lock lock(mutex);
+        if (command == "hold") {
+          holding = true;
+          wake.notify_all();
+          wake.wait(lock, [&] { return release; });
+          return json("released");
+        }
+        if (command == "echo" && !release) ++echoes_during_hold;
+        return json(command);
+      },
+      options);
+  ASSERT_TRUE(server.ok()) << server.status().message();
+  std::thread holder([&] {
+    auto reply = control::request(path, {{"command", "hold"}}, 60s);
+    EXPECT_TRUE(reply.ok() && *reply == "released") << reply.status().message();
+  });
+  {
+    std::unique_lock lock(mutex);
+    ASSERT_TRUE(wake.wait_for(lock, 60s, [&] { return holding; }));
+  }
+  // While "hold" runs: status is answered (if it waited, the hold would
+  // never be released and this would time out).
+  auto status = control::request(path, {{"command", "status"}}, 60s);
+  ASSERT_TRUE(status.ok()) << status.status().message();
+  EXPECT_EQ(*status, "status");
+  // An ordinary command waits for the hold to end.
+  std::thread echo([&] {
+    auto reply = control::request(path, {{"command", "echo"}}, 60s);
+    EXPECT_TRUE(reply.ok()) << reply.status().message();
+  });
+  std::this_thread::sleep_for(100ms);  // give it a chance to overtake (it must not)
+  {
+    std::lock_guard lock(mutex);
+    release = true;
+  }
+  wake.notify_all();
+  holder.join();
+  echo.join();
+  EXPECT_EQ(echoes_during_hold.load(), 0) << "a serialised command ran during the hold";
 }
 
 TEST(ControlServer, SeveralRequestsOnOneConnection) {

@@ -273,6 +273,92 @@ json verify_result(size_t ranges, uint64_t count) {
              {"marked_dirty", count}}}}};
 }
 
+// `pmirrorctl resync --wait` reads the primary's status: progress while a
+// resync runs, done once the peer's counter moved and no resync is left,
+// stopped when the replica went away.
+TEST(ControlFormat, ResyncWaitFollowsThePeer) {
+  json status = {{"volumes",
+                  {{{"name", "db0"},
+                    {"role", "primary"},
+                    {"peers",
+                     {{{"name", "node3"},
+                       {"state", "syncing"},
+                       {"resyncs", 2},
+                       {"resync",
+                        {{"done_bytes", 12582912},
+                         {"left_bytes", 54525952},
+                         {"total_bytes", 67108864},
+                         {"rate_bytes_per_s", 8388608},
+                         {"eta_seconds", 7},
+                         {"full", true}}}}}}}}}};
+  json peer = find_peer(status, "db0", "node3");
+  ASSERT_TRUE(peer.is_object());
+  EXPECT_TRUE(find_peer(status, "db0", "node2").is_null());
+  EXPECT_TRUE(find_peer(status, "db1", "node3").is_null());
+  EXPECT_TRUE(find_peer(json::array(), "db0", "node3").is_null());
+
+  ResyncObservation running = observe_resync("db0", peer, 2);
+  EXPECT_EQ(running.outcome, ResyncOutcome::kRunning);
+  EXPECT_EQ(running.line, "db0 -> node3: 12.0 MiB of 64.0 MiB (18%), 8.0 MiB/s, 7s left");
+  EXPECT_EQ(running.done_bytes, 12582912u);
+  EXPECT_EQ(running.total_bytes, 67108864u);
+
+  // The counter moved but a resync still runs (a lagging replica starts
+  // over): not done yet.
+  EXPECT_EQ(observe_resync("db0", peer, 1).outcome, ResyncOutcome::kRunning);
+
+  json done = peer;
+  done.erase("resync");
+  done["state"] = "connected";
+  done["resyncs"] = 3;
+  ResyncObservation finished = observe_resync("db0", done, 2);
+  EXPECT_EQ(finished.outcome, ResyncOutcome::kDone);
+  EXPECT_EQ(finished.line, "db0: node3 in sync");
+  // Not started yet: the counter has not moved.
+  done["resyncs"] = 2;
+  EXPECT_EQ(observe_resync("db0", done, 2).outcome, ResyncOutcome::kRunning);
+
+  json gone = peer;
+  gone.erase("resync");
+  gone["state"] = "disconnected";
+  gone["reason"] = "nothing heard for 5000 ms";
+  ResyncObservation stopped = observe_resync("db0", gone, 2);
+  EXPECT_EQ(stopped.outcome, ResyncOutcome::kStopped);
+  EXPECT_EQ(stopped.line,
+            "db0: resync of node3 stopped: node3 is disconnected (nothing heard for 5000 ms); it "
+            "resumes when the replica is back: `pmirrorctl status db0`");
+  gone["state"] = "split-brain";
+  EXPECT_EQ(observe_resync("db0", gone, 2).outcome, ResyncOutcome::kStopped);
+  gone["state"] = "connecting";  // between two reconnect attempts
+  EXPECT_EQ(observe_resync("db0", gone, 2).outcome, ResyncOutcome::kStopped);
+  gone["state"] = "lagging";  // still connected, the copy goes on
+  EXPECT_EQ(observe_resync("db0", gone, 2).outcome, ResyncOutcome::kRunning);
+}
+
+TEST(ControlFormat, VerifyProgress) {
+  json status = {{"volumes",
+                  {{{"name", "db0"},
+                    {"role", "primary"},
+                    {"peers",
+                     {{{"name", "node2"}},
+                      {{"name", "node3"},
+                       {"verify", {{"done_bytes", 12582912}, {"total_bytes", 67108864}}}}}}},
+                   {{"name", "db0"},
+                    {"role", "replica"},
+                    {"peers", {{{"name", "app"}, {"verify", {{"done_bytes", 1}}}}}}}}}};
+  auto running = verify_progress(status, "db0");
+  ASSERT_EQ(running.size(), 1u);
+  EXPECT_EQ(std::get<0>(running[0]), "node3");
+  EXPECT_EQ(std::get<1>(running[0]), 12582912u);
+  EXPECT_EQ(std::get<2>(running[0]), 67108864u);
+  EXPECT_TRUE(verify_progress(status, "db1").empty());
+  EXPECT_TRUE(verify_progress(json::array(), "db0").empty());
+  EXPECT_EQ(format_verify_progress("db0", "node3", 12582912, 67108864),
+            "db0 verify of node3: 12.0 MiB of 64.0 MiB compared (18%)");
+  EXPECT_EQ(format_verify_progress("db0", "node3", 0, 0),
+            "db0 verify of node3: 0 B of 0 B compared");
+}
+
 TEST(ControlFormat, VerifyListsTheFirstRanges) {
   json two = verify_result(2, 2);
   EXPECT_EQ(format_verify_human(two),

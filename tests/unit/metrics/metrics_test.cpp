@@ -351,6 +351,42 @@ TEST(MetricsTest, AFailedReplicaVolumeIsExported) {
   EXPECT_FALSE(value(s, "pmirror_volume_failed", {{"volume", "db0"}, {"role", "primary"}}));
 }
 
+// A replica's writers are labelled by identity (never by their ephemeral
+// port); ended sessions are not exported, and of two live sessions of one
+// writer the newer is.
+TEST(MetricsTest, AReplicasWritersAreLabelledByIdentityAndEndedSessionsLeave) {
+  json session = {
+      {"name", "app1@10.0.0.1:40000"}, {"address", "10.0.0.1:40000"},     {"transport", "tcp"},
+      {"state", "connected"},          {"since", "2026-12-02T10:00:00Z"}, {"persists", 10}};
+  json older = session;  // superseded by a reconnect, not reaped yet
+  older["name"] = "app1@10.0.0.1:39000";
+  older["state"] = "disconnected";
+  older["since"] = "2026-12-02T09:00:00Z";
+  older["persists"] = 5;
+  json ended = session;
+  ended["name"] = "app2@10.0.0.2:41000";
+  ended["state"] = "closed";
+  json volume = {{"name", "db1"},
+                 {"role", "replica"},
+                 {"state", "ok"},
+                 {"peers", json::array({older, session, ended})}};
+  json snapshot = {{"process", {{"kind", "pmirrord"}}}, {"volumes", json::array({volume})}};
+  std::string text = render_text(snapshot);
+  auto s = parse(text);
+  const Labels app1{{"volume", "db1"}, {"role", "replica"}, {"peer", "app1"}};
+  EXPECT_EQ(value(s, "pmirror_peer_connected", app1), 1) << text;
+  EXPECT_EQ(value(s, "pmirror_persists_total", app1), 10) << "the newer session's\n" << text;
+  EXPECT_FALSE(value(s, "pmirror_peer_connected",
+                     {{"volume", "db1"}, {"role", "replica"}, {"peer", "app2"}}))
+      << "an ended session is not a writer that is down\n"
+      << text;
+  EXPECT_EQ(text.find("peer=\"app1@"), std::string::npos) << text;
+  EXPECT_EQ(value(s, "pmirror_metrics_snapshot_errors_total"), 0) << text;
+  // Re-ordered, the newest still wins.
+  snapshot["volumes"][0]["peers"] = json::array({session, older});
+  EXPECT_EQ(value(parse(render_text(snapshot)), "pmirror_persists_total", app1), 10);
+}
+
 // Labels come from status, which may carry bytes a peer chose: the scrape
 // stays UTF-8 (the text format requires it) and names them as best it can.
 TEST(MetricsTest, LabelsThatAreNotUtf8AreMadeUtf8) {
