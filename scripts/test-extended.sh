@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Everything scripts/test.sh runs (what CI runs), plus what does not fit
-# CI's time budget: fuzzing each harness for 60 s and the Debian packages
-# (build, lintian, install, purge). Run it before resolving an issue that
-# touches the protocol, the config or control parsers, or the packaging.
+# CI's time budget: fuzzing each harness for 60 s. Run it before resolving
+# an issue that touches the protocol, the config or the control parsers.
 # As root on Debian 12, like test.sh. docs/testing.md.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
