@@ -552,14 +552,30 @@ std::string format_resync_human(const nlohmann::json& result) {
   return out + "; follow it with `pmirrorctl status " + volume + "`";
 }
 
+// The peers of `volume` as primary in one process's status object (null
+// when it has no such volume or no peer list).
+static const json& primary_peers(const json& status, const std::string& volume) {
+  static const json none;
+  const json& volumes = member(status, "volumes");
+  if (!volumes.is_array()) return none;
+  for (const json& v : volumes) {
+    if (str(v, "name") == volume && str(v, "role") == "primary") {
+      const json& peers = member(v, "peers");
+      return peers.is_array() ? peers : none;
+    }
+  }
+  return none;
+}
+
+// " (18%)": floored, so 100% only once everything is done; "" for no total.
+static std::string percent(uint64_t done, uint64_t total) {
+  return total == 0 ? std::string() : " (" + std::to_string(done * 100 / total) + "%)";
+}
+
 nlohmann::json find_peer(const nlohmann::json& status, const std::string& volume,
                          const std::string& peer) {
-  const json& volumes = member(status, "volumes");
-  if (!volumes.is_array()) return nullptr;
-  for (const json& v : volumes) {
-    if (str(v, "name") != volume || str(v, "role") != "primary") continue;
-    const json& peers = member(v, "peers");
-    if (!peers.is_array()) return nullptr;
+  const json& peers = primary_peers(status, volume);
+  if (peers.is_array()) {
     for (const json& p : peers) {
       if (str(p, "name") == peer) return p;
     }
@@ -599,11 +615,8 @@ ResyncObservation observe_resync(const std::string& volume, const nlohmann::json
   }
   seen.done_bytes = number(progress, "done_bytes").value_or(0);
   seen.total_bytes = number(progress, "total_bytes").value_or(0);
-  seen.line += format_amount(seen.done_bytes) + " of " + format_amount(seen.total_bytes);
-  if (seen.total_bytes > 0) {
-    // Floor: 100% only once everything is copied.
-    seen.line += " (" + std::to_string(seen.done_bytes * 100 / seen.total_bytes) + "%)";
-  }
+  seen.line += format_amount(seen.done_bytes) + " of " + format_amount(seen.total_bytes) +
+               percent(seen.done_bytes, seen.total_bytes);
   if (auto rate = number(progress, "rate_bytes_per_s"); rate && *rate > 0) {
     seen.line += ", " + format_amount(*rate) + "/s";
   }
@@ -614,28 +627,21 @@ ResyncObservation observe_resync(const std::string& volume, const nlohmann::json
 std::vector<std::tuple<std::string, uint64_t, uint64_t>> verify_progress(
     const nlohmann::json& status, const std::string& volume) {
   std::vector<std::tuple<std::string, uint64_t, uint64_t>> out;
-  const json& volumes = member(status, "volumes");
-  if (!volumes.is_array()) return out;
-  for (const json& v : volumes) {
-    if (str(v, "name") != volume || str(v, "role") != "primary") continue;
-    const json& peers = member(v, "peers");
-    if (!peers.is_array()) continue;
-    for (const json& p : peers) {
-      const json& progress = member(p, "verify");
-      if (!progress.is_object()) continue;
-      out.emplace_back(str(p, "name"), number(progress, "done_bytes").value_or(0),
-                       number(progress, "total_bytes").value_or(0));
-    }
+  const json& peers = primary_peers(status, volume);
+  if (!peers.is_array()) return out;
+  for (const json& p : peers) {
+    const json& progress = member(p, "verify");
+    if (!progress.is_object()) continue;
+    out.emplace_back(str(p, "name"), number(progress, "done_bytes").value_or(0),
+                     number(progress, "total_bytes").value_or(0));
   }
   return out;
 }
 
 std::string format_verify_progress(const std::string& volume, const std::string& peer,
                                    uint64_t done_bytes, uint64_t total_bytes) {
-  std::string line = volume + " verify of " + peer + ": " + format_amount(done_bytes) + " of " +
-                     format_amount(total_bytes) + " compared";
-  if (total_bytes > 0) line += " (" + std::to_string(done_bytes * 100 / total_bytes) + "%)";
-  return line;
+  return volume + " verify of " + peer + ": " + format_amount(done_bytes) + " of " +
+         format_amount(total_bytes) + " compared" + percent(done_bytes, total_bytes);
 }
 
 uint64_t verify_mismatches(const nlohmann::json& result) {
