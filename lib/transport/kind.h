@@ -25,6 +25,39 @@ namespace pmirror::transport {
 
 enum class Kind : uint8_t { kTcp, kRdma, kFake };
 
+// How a poll() with a timeout waits for completions.
+//   kEvent     sleep on the completion channel (rdma) or condition (tcp) at
+//              once: no CPU while waiting, a wake-up's latency per wait.
+//   kAdaptive  spin on the completion queue first, for about twice as long
+//              as recent waits took (at most 1 ms; waits longer than that
+//              spin 10 us), then sleep: latency of busy polling while
+//              completions come quickly, little CPU when they do not.
+//   kBusy      spin until the timeout: the lowest latency, one core per
+//              waiting thread.
+enum class PollMode : uint8_t { kEvent, kAdaptive, kBusy };
+// (Here rather than in transport.h: a configuration names it.)
+
+constexpr std::string_view poll_mode_name(PollMode mode) {
+  switch (mode) {
+    case PollMode::kEvent:
+      return "event";
+    case PollMode::kAdaptive:
+      return "adaptive";
+    case PollMode::kBusy:
+      return "busy";
+  }
+  return "unknown";
+}
+
+// "event" | "adaptive" | "busy"; kInvalidArgument otherwise.
+inline Result<PollMode> parse_poll_mode(std::string_view name) {
+  for (PollMode mode : {PollMode::kEvent, PollMode::kAdaptive, PollMode::kBusy}) {
+    if (name == poll_mode_name(mode)) return mode;
+  }
+  return Status(Errc::kInvalidArgument,
+                "poll mode '" + std::string(name) + "' is not one of busy, adaptive, event");
+}
+
 struct KindInfo {
   Kind kind;
   std::string_view name;  // as cluster files, ReplicaSpec::transport and logs write it

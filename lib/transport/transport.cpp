@@ -20,6 +20,38 @@ std::string_view opcode_name(Opcode op) {
   return "unknown";
 }
 
+// The fallback for transports without a doorbell to save: one post each.
+Result<size_t> Connection::post_list(std::span<const WorkRequest> requests) {
+  size_t posted = 0;
+  for (const WorkRequest& request : requests) {
+    if (request.opcode != Opcode::kSend && request.local == nullptr)
+      return Status(Errc::kInvalidArgument,
+                    "post_list: a one-sided request without a local region");
+    Status status;
+    switch (request.opcode) {
+      case Opcode::kWrite:
+        status = post_write(*request.local, request.local_offset, request.length, request.remote,
+                            request.remote_offset, request.wr_id, request.signaled);
+        break;
+      case Opcode::kRead:
+        status = post_read(*request.local, request.local_offset, request.length, request.remote,
+                           request.remote_offset, request.wr_id);
+        break;
+      case Opcode::kSend:
+        status = post_send(request.message, request.wr_id);
+        break;
+      case Opcode::kRecv:
+        status =
+            Status(Errc::kInvalidArgument, "post_list: a receive is not posted, it is reposted");
+        break;
+    }
+    if (status.code() == Errc::kResourceExhausted) return posted;
+    PMIRROR_RETURN_IF_ERROR(status);
+    ++posted;
+  }
+  return posted;
+}
+
 Result<Capabilities> capabilities(Kind kind) {
   PMIRROR_ASSIGN_OR_RETURN(auto provider, Registry::instance().find(kind));
   return provider->capabilities;

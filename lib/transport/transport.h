@@ -111,11 +111,41 @@ struct Completion {
   uint32_t byte_len = 0;  // kRecv: length of the message in the slot
 };
 
+// One operation of a post_list (the fields its opcode uses; the others are
+// ignored).
+struct WorkRequest {
+  Opcode opcode = Opcode::kWrite;  // kWrite, kRead or kSend
+  uint64_t wr_id = 0;
+  // kWrite/kRead: the local side, as post_write/post_read take it.
+  const MemoryRegion* local = nullptr;
+  size_t local_offset = 0;
+  size_t length = 0;
+  RemoteKey remote{};
+  uint64_t remote_offset = 0;
+  bool signaled = true;  // kWrite only: Reads and Sends always complete
+  // kSend: the message, copied before post_list returns.
+  std::span<const std::byte> message{};
+
+  static WorkRequest write(const MemoryRegion& local, size_t local_offset, size_t len,
+                           const RemoteKey& remote, uint64_t remote_offset, uint64_t wr_id,
+                           bool signaled) {
+    return {Opcode::kWrite, wr_id, &local, local_offset, len, remote, remote_offset, signaled, {}};
+  }
+  static WorkRequest read(const MemoryRegion& local, size_t local_offset, size_t len,
+                          const RemoteKey& remote, uint64_t remote_offset, uint64_t wr_id) {
+    return {Opcode::kRead, wr_id, &local, local_offset, len, remote, remote_offset, true, {}};
+  }
+  static WorkRequest send(std::span<const std::byte> message, uint64_t wr_id) {
+    return {Opcode::kSend, wr_id, nullptr, 0, message.size(), {}, 0, true, message};
+  }
+};
+
 struct ConnectionOptions {
   uint32_t recv_slots = 64;        // receive buffers pre-posted
   uint32_t message_size = 4096;    // bytes per send/receive buffer
   uint32_t max_outstanding = 256;  // send-queue depth (writes+reads+sends in flight)
   std::chrono::milliseconds connect_timeout{5000};
+  PollMode poll_mode = PollMode::kAdaptive;  // local only: never told to the peer
 };
 
 // What a listener allows peers that are not yet authenticated: from the
@@ -163,6 +193,16 @@ class Connection {
   // copied before post_send returns.
   virtual Status post_send(std::span<const std::byte> message, uint64_t wr_id) = 0;
 
+  // Posts `requests` in order, as the single posts above would, with one
+  // doorbell where the transport has them (rdma: one linked ibv_post_send,
+  // small Writes inline; tcp: one hand-off to the sender, one writev).
+  // Returns how many were posted: all, or -- when the send queue or the
+  // send buffers are full -- a prefix (rdma and tcp: none), the rest left
+  // for the caller to post again after polling. Any other error is returned
+  // as the single post would; requests before the failing one are then in
+  // flight (rdma and tcp check the whole list first, so none is).
+  virtual Result<size_t> post_list(std::span<const WorkRequest> requests);
+
   // Waits up to timeout for at least one completion; returns how many were
   // written to out (0 on timeout). A connection the peer closed yields a
   // completion with a kConnectionError status, then kClosed from poll.
@@ -174,6 +214,10 @@ class Connection {
 
   // Disconnects; pending operations complete with errors. Idempotent.
   virtual void shutdown() = 0;
+
+  // Changes how poll() waits from now on (the passive side learns the
+  // volume, and so its poll mode, only after accepting). Thread-safe.
+  virtual void set_poll_mode(PollMode /*mode*/) {}
 
   // Ends the dormant state (see above): the peer is authenticated. No-op on
   // an active connection. Errors: kResourceExhausted when the threads it

@@ -43,7 +43,19 @@ struct InPersistFn {
   InPersistFn& operator=(const InPersistFn&) = delete;
 };
 
+thread_local int fabric_code_depth = 0;
+
+// Marks the calling thread as inside the fabric for a scope.
+struct InFabricCode {
+  InFabricCode() { ++fabric_code_depth; }
+  ~InFabricCode() { --fabric_code_depth; }
+  InFabricCode(const InFabricCode&) = delete;
+  InFabricCode& operator=(const InFabricCode&) = delete;
+};
+
 }  // namespace
+
+bool in_fabric_code() { return fabric_code_depth > 0; }
 
 namespace detail {
 
@@ -643,6 +655,7 @@ class FakeConnection final : public Connection {
   Status post_write(const MemoryRegion& local, size_t local_offset, size_t len,
                     const RemoteKey& remote, uint64_t remote_offset, uint64_t wr_id,
                     bool signaled) override {
+    InFabricCode fabric_code;
     PMIRROR_ASSIGN_OR_RETURN(auto* mr, check_local(local, local_offset, len, "post_write"));
     Wr w;
     w.wr_id = wr_id;
@@ -658,6 +671,7 @@ class FakeConnection final : public Connection {
 
   Status post_read(const MemoryRegion& local, size_t local_offset, size_t len,
                    const RemoteKey& remote, uint64_t remote_offset, uint64_t wr_id) override {
+    InFabricCode fabric_code;
     PMIRROR_ASSIGN_OR_RETURN(auto* mr, check_local(local, local_offset, len, "post_read"));
     Wr w;
     w.wr_id = wr_id;
@@ -671,6 +685,7 @@ class FakeConnection final : public Connection {
   }
 
   Status post_send(std::span<const std::byte> message, uint64_t wr_id) override {
+    InFabricCode fabric_code;
     if (message.size() > options_.message_size)
       return Status(Errc::kInvalidArgument,
                     "post_send: message of " + std::to_string(message.size()) +
@@ -684,6 +699,7 @@ class FakeConnection final : public Connection {
   }
 
   Result<size_t> poll(std::span<Completion> out, std::chrono::milliseconds timeout) override {
+    InFabricCode fabric_code;
     std::unique_lock lk(hub_->mu);
     End& e = hub_->ends.at(id_);
     if (e.cq.empty() && !e.broken && timeout.count() > 0 && !out.empty())
@@ -706,6 +722,7 @@ class FakeConnection final : public Connection {
   }
 
   Status repost_recv(uint32_t slot) override {
+    InFabricCode fabric_code;
     std::lock_guard lk(hub_->mu);
     End& e = hub_->ends.at(id_);
     if (slot >= options_.recv_slots)

@@ -67,6 +67,13 @@ struct CrashOptions {
   uint64_t seed = 1;
 };
 
+// Whether the calling thread is running the fabric's own code (a
+// connection's post, poll or repost: the simulated NIC and media, which
+// allocate as they please). Tests that count what the code above the seam
+// allocates leave those allocations out: a real NIC makes none in the
+// application's address space.
+bool in_fabric_code();
+
 namespace detail {
 struct Hub;
 }

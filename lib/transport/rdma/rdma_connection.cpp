@@ -286,6 +286,7 @@ RdmaConnection::RdmaConnection(std::shared_ptr<Endpoint> endpoint, const Connect
       signal_every_(std::max<uint32_t>(1, options.max_outstanding / 4)),
       ring_(options.max_outstanding),
       recv_posted_(options.recv_slots, true),
+      spin_(options.poll_mode),
       ticket_(std::move(ticket)) {
   // rdma_cm leaves min_rnr_timer at 0, which IB encodes as 655 ms: a sender
   // that meets an empty receive queue would pause that long. 12 = 0.64 ms.
@@ -351,20 +352,44 @@ Status RdmaConnection::check_open_locked() const {
 Status RdmaConnection::post_write(const MemoryRegion& local, size_t local_offset, size_t len,
                                   const RemoteKey& remote, uint64_t remote_offset, uint64_t wr_id,
                                   bool signaled) {
-  return post_rdma(Opcode::kWrite, local, local_offset, len, remote, remote_offset, wr_id,
-                   signaled);
+  const WorkRequest request =
+      WorkRequest::write(local, local_offset, len, remote, remote_offset, wr_id, signaled);
+  return post_requests({&request, 1});
 }
 
 Status RdmaConnection::post_read(const MemoryRegion& local, size_t local_offset, size_t len,
                                  const RemoteKey& remote, uint64_t remote_offset, uint64_t wr_id) {
-  return post_rdma(Opcode::kRead, local, local_offset, len, remote, remote_offset, wr_id, true);
+  const WorkRequest request =
+      WorkRequest::read(local, local_offset, len, remote, remote_offset, wr_id);
+  return post_requests({&request, 1});
 }
 
-Status RdmaConnection::post_rdma(Opcode opcode, const MemoryRegion& local, size_t local_offset,
-                                 size_t len, const RemoteKey& remote, uint64_t remote_offset,
-                                 uint64_t wr_id, bool signaled) {
-  const std::string_view what = op_word(opcode);
-  const auto* region = dynamic_cast<const RdmaMemoryRegion*>(&local);
+Status RdmaConnection::post_send(std::span<const std::byte> message, uint64_t wr_id) {
+  const WorkRequest request = WorkRequest::send(message, wr_id);
+  return post_requests({&request, 1});
+}
+
+Result<size_t> RdmaConnection::post_list(std::span<const WorkRequest> requests) {
+  Status status = post_requests(requests);
+  if (status.code() == Errc::kResourceExhausted) return size_t{0};
+  PMIRROR_RETURN_IF_ERROR(status);
+  return requests.size();
+}
+
+Result<size_t> RdmaConnection::check_request(const WorkRequest& request) const {
+  const std::string_view what = op_word(request.opcode);
+  if (request.opcode == Opcode::kSend) {
+    if (request.message.size() > send_limit_)
+      return Status(Errc::kInvalidArgument,
+                    "send of " + std::to_string(request.message.size()) +
+                        " bytes exceeds the limit of " + std::to_string(send_limit_) +
+                        " bytes (our message_size and the peer's receive buffers)");
+    return size_t{1};
+  }
+  if (request.opcode == Opcode::kRecv)
+    return Status(Errc::kInvalidArgument, "a receive is not posted, it is reposted");
+  const auto* region =
+      request.local == nullptr ? nullptr : dynamic_cast<const RdmaMemoryRegion*>(request.local);
   if (region == nullptr)
     return Status(
         Errc::kInvalidArgument,
@@ -372,25 +397,37 @@ Status RdmaConnection::post_rdma(Opcode opcode, const MemoryRegion& local, size_
   if (region->endpoint() != endpoint_.get())
     return Status(Errc::kInvalidArgument,
                   std::string(what) + ": the local region is registered on another connection");
-  if (local_offset > region->length() || len > region->length() - local_offset)
+  const size_t offset = request.local_offset, len = request.length;
+  if (offset > region->length() || len > region->length() - offset)
     return Status(Errc::kInvalidArgument, std::string(what) + ": local range [" +
-                                              std::to_string(local_offset) + ", +" +
-                                              std::to_string(len) + ") exceeds the region (" +
+                                              std::to_string(offset) + ", +" + std::to_string(len) +
+                                              ") exceeds the region (" +
                                               std::to_string(region->length()) + " bytes)");
   // The NIC enforces the remote bounds: a bad rkey or range fails the
   // operation with an error completion (remote access error).
-
   // One WR moves at most the port's max_msg_sz; larger requests are split.
   const uint64_t piece_max = endpoint_->max_msg_size;
-  const size_t pieces = len == 0 ? 1 : static_cast<size_t>((len + piece_max - 1) / piece_max);
+  return len == 0 ? size_t{1} : static_cast<size_t>((len + piece_max - 1) / piece_max);
+}
+
+Status RdmaConnection::post_requests(std::span<const WorkRequest> requests) {
+  const std::string_view what = requests.size() == 1 ? op_word(requests[0].opcode) : "post_list";
+  // Checked whole before anything is posted: a list goes out entirely or
+  // not at all.
+  size_t total = 0, buffered_sends = 0;
+  for (const WorkRequest& request : requests) {
+    PMIRROR_ASSIGN_OR_RETURN(size_t pieces, check_request(request));
+    total += pieces;
+    if (request.opcode == Opcode::kSend && request.message.size() > endpoint_->max_inline)
+      ++buffered_sends;
+  }
 
   std::lock_guard lock(mu_);
   PMIRROR_RETURN_IF_ERROR(check_open_locked());
-  if (pieces > sq_depth_)
-    return Status(Errc::kInvalidArgument, std::string(what) + " of " + std::to_string(len) +
-                                              " bytes needs " + std::to_string(pieces) +
+  if (total > sq_depth_)
+    return Status(Errc::kInvalidArgument, std::string(what) + " needs " + std::to_string(total) +
                                               " work requests, more than max_outstanding");
-  if (next_seq_ - tail_seq_ + pieces > sq_depth_) {
+  if (next_seq_ - tail_seq_ + total > sq_depth_) {
     starved_ = true;
     return Status(Errc::kResourceExhausted, std::string(what) + ": send queue full (" +
                                                 std::to_string(next_seq_ - tail_seq_) +
@@ -398,38 +435,92 @@ Status RdmaConnection::post_rdma(Opcode opcode, const MemoryRegion& local, size_
                                                 std::to_string(sq_depth_) +
                                                 "); poll for completions and retry");
   }
-
-  std::vector<ibv_sge> sges(pieces);
-  std::vector<ibv_send_wr> wrs(pieces);
-  uint32_t run = unsignaled_run_;
-  for (size_t i = 0; i < pieces; ++i) {
-    const uint64_t seq = next_seq_ + i;
-    const bool last = i + 1 == pieces;
-    const bool wanted = last && signaled;
-    // Unsignaled WRs hold SQ slots until a later signaled one completes;
-    // signal every signal_every_ so the queue always drains.
-    const bool sig = wanted || run + 1 >= signal_every_;
-    run = sig ? 0 : run + 1;
-    ring_[seq % sq_depth_] = WrRecord{wr_id, opcode, wanted, last, -1};
-
-    const uint64_t off = uint64_t{i} * piece_max;
-    const uint32_t piece_len = static_cast<uint32_t>(std::min<uint64_t>(piece_max, len - off));
-    sges[i].addr = reinterpret_cast<uintptr_t>(region->base()) + local_offset + off;
-    sges[i].length = piece_len;
-    sges[i].lkey = region->lkey();
-    wrs[i].wr_id = seq;
-    wrs[i].sg_list = &sges[i];
-    wrs[i].num_sge = len == 0 ? 0 : 1;
-    wrs[i].opcode = opcode == Opcode::kWrite ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
-    wrs[i].send_flags = sig ? IBV_SEND_SIGNALED : 0;
-    wrs[i].wr.rdma.remote_addr = remote.address + remote_offset + off;
-    wrs[i].wr.rdma.rkey = remote.rkey;
-    wrs[i].next = last ? nullptr : &wrs[i + 1];
+  if (buffered_sends > free_send_slots_.size()) {
+    starved_ = true;
+    return Status(
+        Errc::kResourceExhausted,
+        std::string(what) + ": all send buffers are in flight; poll for completions and retry");
   }
-  return post_chain_locked(wrs, what);
+
+  // Scratch reused from post to post (no allocation once grown); the sges
+  // are sized first so that the WRs' pointers into them stay valid.
+  sge_scratch_.resize(total);
+  wr_scratch_.resize(total);
+  const uint64_t piece_max = endpoint_->max_msg_size;
+  uint32_t run = unsignaled_run_;
+  size_t n = 0;
+  for (const WorkRequest& request : requests) {
+    if (request.opcode == Opcode::kSend) {
+      ibv_sge& sge = sge_scratch_[n];
+      ibv_send_wr& wr = wr_scratch_[n];
+      sge = ibv_sge{};
+      wr = ibv_send_wr{};
+      int32_t slot = -1;
+      const auto& message = request.message;
+      wr.send_flags = IBV_SEND_SIGNALED;  // sends always complete: the slot is reused then
+      if (message.size() <= endpoint_->max_inline) {
+        // Inline: the provider copies the bytes into the WQE during the post.
+        sge.addr = reinterpret_cast<uintptr_t>(message.data());
+        wr.send_flags |= IBV_SEND_INLINE;
+      } else {
+        slot = static_cast<int32_t>(free_send_slots_.back());
+        free_send_slots_.pop_back();
+        std::byte* dst = endpoint_->send_block.get() + size_t(slot) * options_.message_size;
+        std::memcpy(dst, message.data(), message.size());
+        sge.addr = reinterpret_cast<uintptr_t>(dst);
+        sge.lkey = endpoint_->send_mr->lkey;
+      }
+      sge.length = static_cast<uint32_t>(message.size());
+      const uint64_t seq = next_seq_ + n;
+      ring_[seq % sq_depth_] = WrRecord{request.wr_id, Opcode::kSend, true, true, slot};
+      wr.wr_id = seq;
+      wr.sg_list = &sge;
+      wr.num_sge = message.empty() ? 0 : 1;
+      wr.opcode = IBV_WR_SEND;
+      run = 0;
+      ++n;
+      continue;
+    }
+    const auto* region = static_cast<const RdmaMemoryRegion*>(request.local);
+    const size_t len = request.length;
+    const size_t pieces = len == 0 ? 1 : static_cast<size_t>((len + piece_max - 1) / piece_max);
+    // A small Write travels in the WQE itself: no DMA read of the source.
+    const bool inline_write =
+        request.opcode == Opcode::kWrite && pieces == 1 && len > 0 && len <= endpoint_->max_inline;
+    for (size_t i = 0; i < pieces; ++i) {
+      ibv_sge& sge = sge_scratch_[n];
+      ibv_send_wr& wr = wr_scratch_[n];
+      sge = ibv_sge{};
+      wr = ibv_send_wr{};
+      const uint64_t seq = next_seq_ + n;
+      const bool last = i + 1 == pieces;
+      const bool wanted = last && (request.opcode == Opcode::kRead || request.signaled);
+      // Unsignaled WRs hold SQ slots until a later signaled one completes;
+      // signal every signal_every_ so the queue always drains.
+      const bool sig = wanted || run + 1 >= signal_every_;
+      run = sig ? 0 : run + 1;
+      ring_[seq % sq_depth_] = WrRecord{request.wr_id, request.opcode, wanted, last, -1};
+
+      const uint64_t off = uint64_t{i} * piece_max;
+      sge.addr = reinterpret_cast<uintptr_t>(region->base()) + request.local_offset + off;
+      sge.length = static_cast<uint32_t>(std::min<uint64_t>(piece_max, len - off));
+      sge.lkey = region->lkey();
+      wr.wr_id = seq;
+      wr.sg_list = &sge;
+      wr.num_sge = len == 0 ? 0 : 1;
+      wr.opcode = request.opcode == Opcode::kWrite ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+      wr.send_flags = (sig ? IBV_SEND_SIGNALED : 0) | (inline_write ? IBV_SEND_INLINE : 0);
+      wr.wr.rdma.remote_addr = request.remote.address + request.remote_offset + off;
+      wr.wr.rdma.rkey = request.remote.rkey;
+      ++n;
+    }
+  }
+  for (size_t i = 0; i + 1 < n; ++i) wr_scratch_[i].next = &wr_scratch_[i + 1];
+  wr_scratch_[n - 1].next = nullptr;
+  return post_chain_locked(std::span(wr_scratch_.data(), n), what);
 }
 
-Status RdmaConnection::post_chain_locked(std::vector<ibv_send_wr>& wrs, std::string_view what) {
+Status RdmaConnection::post_chain_locked(std::span<ibv_send_wr> wrs, std::string_view what) {
   ibv_send_wr* bad = nullptr;
   const int err = ibv_post_send(endpoint_->qp.get(), wrs.data(), &bad);
   const size_t posted = err == 0 ? wrs.size() : (bad != nullptr ? bad - wrs.data() : 0);
@@ -437,62 +528,23 @@ Status RdmaConnection::post_chain_locked(std::vector<ibv_send_wr>& wrs, std::str
     unsignaled_run_ = (wrs[i].send_flags & IBV_SEND_SIGNALED) != 0 ? 0 : unsignaled_run_ + 1;
   next_seq_ += posted;
   if (err == 0) return Status::Ok();
+  // The send buffers of what was not posted are free again.
+  for (size_t i = posted; i < wrs.size(); ++i) {
+    WrRecord& record = ring_[wrs[i].wr_id % sq_depth_];
+    if (record.send_slot >= 0) free_send_slots_.push_back(static_cast<uint32_t>(record.send_slot));
+    record.send_slot = -1;
+  }
+  // ENOMEM with nothing posted is a full queue (post again later); after
+  // part of the list was posted it is not: that part is in flight and cannot
+  // be taken back, so the connection is broken, and kResourceExhausted --
+  // which post_list reports as "none posted" -- would be a lie.
   Status status =
-      verbs_error(err == ENOMEM ? Errc::kResourceExhausted : Errc::kIoError,
+      verbs_error(err == ENOMEM && posted == 0 ? Errc::kResourceExhausted : Errc::kIoError,
                   "ibv_post_send (" + std::string(what) + ")", endpoint_->id->verbs, err);
   if (posted > 0) {
-    // Half an operation is in flight and cannot be taken back.
     mark_broken_locked(Errc::kIoError,
                        status.message() + " after part of the operation was posted");
   }
-  return status;
-}
-
-Status RdmaConnection::post_send(std::span<const std::byte> message, uint64_t wr_id) {
-  if (message.size() > send_limit_)
-    return Status(Errc::kInvalidArgument,
-                  "send of " + std::to_string(message.size()) + " bytes exceeds the limit of " +
-                      std::to_string(send_limit_) +
-                      " bytes (our message_size and the peer's receive buffers)");
-  std::lock_guard lock(mu_);
-  PMIRROR_RETURN_IF_ERROR(check_open_locked());
-  if (next_seq_ - tail_seq_ + 1 > sq_depth_) {
-    starved_ = true;
-    return Status(Errc::kResourceExhausted, "send: send queue full (max_outstanding " +
-                                                std::to_string(sq_depth_) +
-                                                "); poll for completions and retry");
-  }
-  ibv_sge sge{};
-  std::vector<ibv_send_wr> wrs(1);
-  ibv_send_wr& wr = wrs[0];
-  int32_t slot = -1;
-  wr.send_flags = IBV_SEND_SIGNALED;  // sends always complete: the slot is reused then
-  if (message.size() <= endpoint_->max_inline) {
-    // Inline: the provider copies the bytes into the WQE during the post.
-    sge.addr = reinterpret_cast<uintptr_t>(message.data());
-    wr.send_flags |= IBV_SEND_INLINE;
-  } else {
-    if (free_send_slots_.empty()) {
-      starved_ = true;
-      return Status(Errc::kResourceExhausted,
-                    "send: all send buffers are in flight; poll for completions and retry");
-    }
-    slot = static_cast<int32_t>(free_send_slots_.back());
-    free_send_slots_.pop_back();
-    std::byte* dst = endpoint_->send_block.get() + size_t(slot) * options_.message_size;
-    std::memcpy(dst, message.data(), message.size());
-    sge.addr = reinterpret_cast<uintptr_t>(dst);
-    sge.lkey = endpoint_->send_mr->lkey;
-  }
-  sge.length = static_cast<uint32_t>(message.size());
-  const uint64_t seq = next_seq_;
-  ring_[seq % sq_depth_] = WrRecord{wr_id, Opcode::kSend, true, true, slot};
-  wr.wr_id = seq;
-  wr.sg_list = &sge;
-  wr.num_sge = message.empty() ? 0 : 1;
-  wr.opcode = IBV_WR_SEND;
-  Status status = post_chain_locked(wrs, "send");
-  if (!status.ok() && slot >= 0) free_send_slots_.push_back(static_cast<uint32_t>(slot));
   return status;
 }
 
@@ -667,12 +719,21 @@ void RdmaConnection::handle_cm_events_locked() {
 Result<size_t> RdmaConnection::poll(std::span<Completion> out, std::chrono::milliseconds timeout) {
   if (out.empty()) return Status(Errc::kInvalidArgument, "poll: no room for completions");
   std::lock_guard poll_lock(poll_mu_);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto deadline = start + timeout;
+  // Spin on the CQ until spin_until before arming the channel (PollMode).
+  const auto window = spin_.window();
+  const auto spin_until = window >= std::chrono::nanoseconds(timeout) ? deadline : start + window;
+  bool waited = false;
   for (;;) {
     {
       std::lock_guard lock(mu_);
       size_t n = drain_cq_locked(out);
-      if (n > 0) return n;
+      if (n > 0) {
+        if (waited) spin_.observed(Clock::now() - start);
+        return n;
+      }
       if (room_freed_locked()) return size_t{0};
       handle_cm_events_locked();
       if (broken_) {
@@ -681,20 +742,43 @@ Result<size_t> RdmaConnection::poll(std::span<Completion> out, std::chrono::mill
         return Status(Errc::kClosed, "connection is closed: " + broken_reason_.message());
       }
     }
-    const auto now = std::chrono::steady_clock::now();
+    auto now = Clock::now();
     if (now >= deadline) return size_t{0};
+    waited = true;
+    if (now < spin_until) {
+      // Back to the top at least every millisecond: CM events (a
+      // disconnect) are looked at there.
+      const auto slice_end = std::min(spin_until, now + std::chrono::milliseconds(1));
+      uint32_t spins = 0;
+      while (now < slice_end) {
+        {
+          std::lock_guard lock(mu_);
+          const size_t n = drain_cq_locked(out);
+          if (n > 0) {
+            spin_.observed(Clock::now() - start);
+            return n;
+          }
+          if (room_freed_locked()) return size_t{0};
+        }
+        relax(spins);
+        now = Clock::now();
+      }
+      continue;
+    }
     {
       std::lock_guard lock(mu_);
       if (int err = ibv_req_notify_cq(endpoint_->cq.get(), 0); err != 0)
         return verbs_error(Errc::kIoError, "ibv_req_notify_cq", endpoint_->id->verbs, err);
       // A completion that arrived before arming raises no event: poll again.
       const size_t n = drain_cq_locked(out);
-      if (n > 0) return n;
+      if (n > 0) {
+        spin_.observed(Clock::now() - start);
+        return n;
+      }
       if (room_freed_locked()) return size_t{0};
     }
     pollfd fds[2] = {{endpoint_->comp->fd, POLLIN, 0}, {endpoint_->channel->fd, POLLIN, 0}};
-    const auto left =
-        std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
     const int rc = ::poll(fds, 2, static_cast<int>(std::max<int64_t>(0, left.count())));
     if (rc < 0 && errno != EINTR) return errno_status(Errc::kIoError, "poll", errno);
     if (rc > 0 && (fds[0].revents & POLLIN) != 0) {

@@ -16,6 +16,7 @@
 #include "common/status.h"
 #include "transport/admission.h"
 #include "transport/rdma/verbs.h"
+#include "transport/spin.h"
 #include "transport/transport.h"
 
 namespace pmirror::transport::rdma {
@@ -97,6 +98,8 @@ class RdmaConnection final : public Connection {
   Status post_read(const MemoryRegion& local, size_t local_offset, size_t len,
                    const RemoteKey& remote, uint64_t remote_offset, uint64_t wr_id) override;
   Status post_send(std::span<const std::byte> message, uint64_t wr_id) override;
+  // One linked ibv_post_send for the whole list, all or nothing.
+  Result<size_t> post_list(std::span<const WorkRequest> requests) override;
   Result<size_t> poll(std::span<Completion> out, std::chrono::milliseconds timeout) override;
   std::span<const std::byte> recv_data(uint32_t slot, uint32_t byte_len) const override;
   Status repost_recv(uint32_t slot) override;
@@ -105,6 +108,7 @@ class RdmaConnection final : public Connection {
   std::string peer_address() const override { return endpoint_->peer; }
   // No threads to start: only leaves the listener's unauthenticated count.
   Status activate() override;
+  void set_poll_mode(PollMode mode) override { spin_.set_mode(mode); }
 
  private:
   // One send-queue work request. ibv wr_id is its sequence number; the ring
@@ -122,11 +126,15 @@ class RdmaConnection final : public Connection {
     uint64_t remote_addr;
   };
 
-  Status post_rdma(Opcode opcode, const MemoryRegion& local, size_t local_offset, size_t len,
-                   const RemoteKey& remote, uint64_t remote_offset, uint64_t wr_id, bool signaled);
+  // How many WRs `request` takes, or why it is refused (checked before the
+  // lock: local arguments only).
+  Result<size_t> check_request(const WorkRequest& request) const;
+  // Posts the whole list with one doorbell, or nothing (kResourceExhausted
+  // when the send queue or the send buffers lack room).
+  Status post_requests(std::span<const WorkRequest> requests);
   Status check_open_locked() const;
   // Posts `wrs` (already linked); on failure rolls back what was not posted.
-  Status post_chain_locked(std::vector<ibv_send_wr>& wrs, std::string_view what);
+  Status post_chain_locked(std::span<ibv_send_wr> wrs, std::string_view what);
   void reclaim_through_locked(uint64_t seq);
   size_t drain_cq_locked(std::span<Completion> out);
   void handle_cm_events_locked();
@@ -148,6 +156,8 @@ class RdmaConnection final : public Connection {
   uint64_t tail_seq_ = 0;  // oldest WR whose SQ slot is not reclaimed
   uint32_t unsignaled_run_ = 0;
   std::vector<uint32_t> free_send_slots_;
+  std::vector<ibv_send_wr> wr_scratch_;  // one post's chain, reused
+  std::vector<ibv_sge> sge_scratch_;
   std::vector<bool> recv_posted_;
   bool broken_ = false;
   bool shutdown_called_ = false;
@@ -155,6 +165,7 @@ class RdmaConnection final : public Connection {
   bool room_freed_ = false;  // ... and room was reclaimed since
   Status broken_reason_;
   std::mutex poll_mu_;  // one poller sleeps at a time
+  SpinPolicy spin_;     // how poll() waits (thread-safe)
   std::unique_ptr<AdmissionControl::Ticket> ticket_;  // owner's thread only
 };
 

@@ -127,4 +127,29 @@ int sendv_all(int fd, iovec* iov, int iovcnt) {
   return 0;
 }
 
+ssize_t sendv_nowait(int fd, const iovec* iov, size_t iovcnt) {
+  msghdr msg{};
+  msg.msg_iov = const_cast<iovec*>(iov);
+  msg.msg_iovlen = iovcnt;
+  for (;;) {
+    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) return n;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    return -errno;
+  }
+}
+
+void copy_unsent(const iovec* iov, size_t iovcnt, size_t skip, std::vector<std::byte>& out) {
+  for (size_t i = 0; i < iovcnt; ++i) {
+    if (skip >= iov[i].iov_len) {
+      skip -= iov[i].iov_len;
+      continue;
+    }
+    const auto* from = static_cast<const std::byte*>(iov[i].iov_base) + skip;
+    out.insert(out.end(), from, from + (iov[i].iov_len - skip));
+    skip = 0;
+  }
+}
+
 }  // namespace pmirror::transport::tcp

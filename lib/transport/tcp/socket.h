@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/status.h"
 #include "common/unique_fd.h"
@@ -37,5 +38,11 @@ Status recv_all_deadline(int fd, void* data, size_t len, Clock::time_point deadl
 // Writes every byte described by iov (modified in place) to a blocking
 // socket. Returns 0 or the errno that stopped it.
 int sendv_all(int fd, iovec* iov, int iovcnt);
+// One sendmsg that never blocks: how many bytes the kernel took (0 when its
+// buffer is full), or -errno.
+ssize_t sendv_nowait(int fd, const iovec* iov, size_t iovcnt);
+// Appends to `out` the bytes of iov after the first `skip` (what a partial
+// send left).
+void copy_unsent(const iovec* iov, size_t iovcnt, size_t skip, std::vector<std::byte>& out);
 
 }  // namespace pmirror::transport::tcp

@@ -17,6 +17,9 @@ namespace pmirror::transport::tcp {
 namespace {
 
 constexpr size_t kSenderBatch = 64;  // frames per sendmsg
+// A posting thread sends a batch itself up to this many bytes; larger ones
+// go to the sender thread (see send_inline).
+constexpr size_t kInlineSendLimit = 256 << 10;
 
 std::string hex(uint64_t v) {
   char buf[24];
@@ -74,6 +77,8 @@ class FrameReader {
   }
   int err() const { return err_; }
   uintptr_t failed_at() const { return failed_at_; }
+  // Bytes received and not read yet.
+  size_t buffered() const { return end_ - begin_; }
 
  private:
   static constexpr size_t kBufSize = 64 * 1024;
@@ -107,6 +112,8 @@ TcpConnection::TcpConnection(UniqueFd fd, const ConnectionOptions& options, cons
       ticket_(std::move(ticket)) {
   for (uint32_t i = 0; i < options.recv_slots; ++i) posted_[i] = i;
   posted_count_ = options.recv_slots;
+  spin_.set_mode(options.poll_mode);
+  inline_iov_.reserve(4 * kSenderBatch + 4);
 }
 
 TcpConnection::~TcpConnection() {
@@ -269,60 +276,137 @@ Status TcpConnection::post_send(std::span<const std::byte> message, uint64_t wr_
 Status TcpConnection::post(Opcode opcode, uint64_t wr_id, bool signaled, std::byte* local,
                            size_t len, const RemoteKey* remote, uint64_t remote_offset,
                            std::span<const std::byte> message) {
-  bool wake;
-  {
-    std::lock_guard lk(mu_);
-    if (broken_) return closed_status_locked();
-    if (outstanding_ >= options_.max_outstanding) {
-      room_wanted_ = true;
-      return Status(Errc::kResourceExhausted, "send queue to " + peer_address_ +
-                                                  " is full: " + std::to_string(outstanding_) +
-                                                  " operations outstanding (max_outstanding " +
-                                                  std::to_string(options_.max_outstanding) +
-                                                  "); poll completions before posting more");
-    }
-    Wr& w = ring_[tail_seq_ % ring_.size()];
-    w.seq = tail_seq_;
-    w.wr_id = wr_id;
-    w.opcode = opcode;
-    w.signaled = signaled;
-    w.in_flight = false;
-    w.done = false;
-    w.status = Status::Ok();
-    w.local = local;
-    w.length = static_cast<uint32_t>(len);
-    FrameHeader h;
-    h.seq = w.seq;
-    h.wr_id = wr_id;
-    h.length = static_cast<uint32_t>(len);
-    h.opcode = static_cast<uint8_t>(opcode);
-    if (remote != nullptr) {
-      h.rkey = remote->rkey;
-      h.addr = remote->address + remote_offset;  // wraps on nonsense; the peer refuses it
-    }
-    switch (opcode) {
-      case Opcode::kWrite:
-        h.type = FrameType::kWrite;
-        break;
-      case Opcode::kRead:
-        h.type = FrameType::kReadReq;
-        break;
-      default:
-        h.type = FrameType::kSend;
-        w.message.assign(message.begin(), message.end());
-        break;
-    }
-    encode(h, w.header.data());
-    ++tail_seq_;
-    ++outstanding_;
-    if (dormant_) {
-      dormant_send_locked();  // failures show as the send's completion
-      return Status::Ok();
-    }
-    wake = sender_idle_;
+  std::unique_lock lk(mu_);
+  if (broken_) return closed_status_locked();
+  if (outstanding_ >= options_.max_outstanding) return queue_full_locked();
+  const bool idle = head_seq_ == tail_seq_;
+  enqueue_locked(opcode, wr_id, signaled, local, len, remote, remote_offset, message);
+  if (dormant_) {
+    dormant_send_locked();  // failures show as the send's completion
+    return Status::Ok();
   }
-  if (wake) sender_cv_.notify_one();
+  post_queued(lk, idle);
   return Status::Ok();
+}
+
+void TcpConnection::post_queued(std::unique_lock<std::mutex>& lk, bool idle) {
+  if (idle) {
+    // Nothing else in flight: this thread sends it now (a busy socket's
+    // holder leaves what it did not take to the sender).
+    send_inline(lk);
+  } else if (sender_idle_) {
+    // Under load the sender batches what several posts queued.
+    lk.unlock();
+    sender_cv_.notify_one();
+    lk.lock();
+  }
+}
+
+Result<size_t> TcpConnection::post_list(std::span<const WorkRequest> requests) {
+  // Checked whole first: the list is queued entirely or not at all, and its
+  // frames leave together (in one sendmsg).
+  bool one_sided = false;
+  for (const WorkRequest& request : requests) {
+    switch (request.opcode) {
+      case Opcode::kWrite:
+      case Opcode::kRead: {
+        one_sided = true;
+        std::string_view op = request.opcode == Opcode::kWrite ? "post_write" : "post_read";
+        if (request.local == nullptr)
+          return Status(Errc::kInvalidArgument, std::string(op) + ": no local region");
+        PMIRROR_RETURN_IF_ERROR(
+            check_local(*request.local, request.local_offset, request.length, op).status());
+        break;
+      }
+      case Opcode::kSend:
+        if (request.message.size() > options_.message_size)
+          return Status(Errc::kInvalidArgument,
+                        "post_send: message of " + std::to_string(request.message.size()) +
+                            " bytes exceeds message_size " + std::to_string(options_.message_size));
+        break;
+      case Opcode::kRecv:
+        return Status(Errc::kInvalidArgument, "post_list: a receive is not posted, it is reposted");
+    }
+  }
+  {
+    std::unique_lock lk(mu_);
+    if (one_sided && dormant_) return not_active(peer_address_, "post_list");
+    if (broken_) return closed_status_locked();
+    const bool idle = head_seq_ == tail_seq_;
+    if (outstanding_ + requests.size() > options_.max_outstanding) {
+      if (requests.size() > options_.max_outstanding)
+        return Status(Errc::kInvalidArgument, "post_list of " + std::to_string(requests.size()) +
+                                                  " requests exceeds max_outstanding " +
+                                                  std::to_string(options_.max_outstanding));
+      (void)queue_full_locked();
+      return size_t{0};
+    }
+    for (const WorkRequest& request : requests) {
+      std::byte* local = nullptr;
+      if (request.opcode != Opcode::kSend)
+        local = static_cast<const TcpMemoryRegion*>(request.local)->base() + request.local_offset;
+      enqueue_locked(request.opcode, request.wr_id,
+                     request.opcode == Opcode::kWrite ? request.signaled : true, local,
+                     request.length, request.opcode == Opcode::kSend ? nullptr : &request.remote,
+                     request.remote_offset, request.message);
+    }
+    if (dormant_) {
+      dormant_send_locked();
+      return requests.size();
+    }
+    // The list leaves in one sendmsg, from this thread when nothing else is
+    // in flight.
+    post_queued(lk, idle);
+  }
+  return requests.size();
+}
+
+Status TcpConnection::queue_full_locked() {
+  room_wanted_ = true;
+  return Status(Errc::kResourceExhausted, "send queue to " + peer_address_ +
+                                              " is full: " + std::to_string(outstanding_) +
+                                              " operations outstanding (max_outstanding " +
+                                              std::to_string(options_.max_outstanding) +
+                                              "); poll completions before posting more");
+}
+
+void TcpConnection::enqueue_locked(Opcode opcode, uint64_t wr_id, bool signaled, std::byte* local,
+                                   size_t len, const RemoteKey* remote, uint64_t remote_offset,
+                                   std::span<const std::byte> message) {
+  Wr& w = ring_[tail_seq_ % ring_.size()];
+  w.seq = tail_seq_;
+  w.wr_id = wr_id;
+  w.opcode = opcode;
+  w.signaled = signaled;
+  w.in_flight = false;
+  w.done = false;
+  w.status = Status::Ok();
+  w.local = local;
+  w.length = static_cast<uint32_t>(len);
+  FrameHeader h;
+  h.seq = w.seq;
+  h.wr_id = wr_id;
+  h.length = static_cast<uint32_t>(len);
+  h.opcode = static_cast<uint8_t>(opcode);
+  if (remote != nullptr) {
+    h.rkey = remote->rkey;
+    h.addr = remote->address + remote_offset;  // wraps on nonsense; the peer refuses it
+  }
+  switch (opcode) {
+    case Opcode::kWrite:
+      h.type = FrameType::kWrite;
+      break;
+    case Opcode::kRead:
+      h.type = FrameType::kReadReq;
+      break;
+    default:
+      h.type = FrameType::kSend;
+      w.message.assign(message.begin(), message.end());  // reuses the entry's capacity
+      break;
+  }
+  encode(h, w.header.data());
+  ++tail_seq_;
+  ++outstanding_;
 }
 
 Result<size_t> TcpConnection::poll(std::span<Completion> out, std::chrono::milliseconds timeout) {
@@ -349,9 +433,27 @@ Result<size_t> TcpConnection::poll(std::span<Completion> out, std::chrono::milli
       }
     }
   } else if (cq_.empty() && !flushed_ && !room_made_ && timeout.count() > 0 && !out.empty()) {
-    ++pollers_;
-    cq_cv_.wait_for(lk, timeout, [&] { return !cq_.empty() || flushed_ || room_made_; });
-    --pollers_;
+    const auto ready = [&] { return !cq_.empty() || flushed_ || room_made_; };
+    const auto start = Clock::now();
+    const auto deadline = start + timeout;
+    // Spin first (PollMode): the receiver thread fills cq_ under mu_, which
+    // is let go between looks.
+    const auto window = spin_.window();
+    const auto spin_until = window >= std::chrono::nanoseconds(timeout) ? deadline : start + window;
+    bool seen = false;
+    uint32_t spins = 0;
+    while (!seen && Clock::now() < spin_until) {
+      lk.unlock();
+      relax(spins);
+      lk.lock();
+      seen = ready();
+    }
+    if (!seen) {
+      ++pollers_;
+      cq_cv_.wait_until(lk, deadline, ready);
+      --pollers_;
+    }
+    if (!cq_.empty()) spin_.observed(Clock::now() - start);
   }
   room_made_ = false;
   size_t n = 0;
@@ -543,8 +645,7 @@ void TcpConnection::dormant_send_locked() {
         out_.insert(out_.end(), m, m + w.message.size());
       }
     }
-    ssize_t n = ::send(fd_.get(), out_.data() + out_pos_, out_.size() - out_pos_,
-                       MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n = ::send(fd_.get(), out_.data() + out_pos_, out_.size() - out_pos_, MSG_NOSIGNAL);
     if (n > 0) {
       out_pos_ += static_cast<size_t>(n);
       continue;
@@ -683,81 +784,173 @@ void TcpConnection::dormant_fail_locked(Status why) {
 
 // ---------------------------------------------------------------- sender
 
+bool TcpConnection::claim_batch_locked(Batch& batch) {
+  if (socket_busy_) return false;
+  batch = Batch{};
+  if (broken_) {
+    if (!error_frame_pending_) return false;
+    // The receiver refused a request: emit the responses queued before it
+    // and the ERROR frame (queued last), then close.
+    batch.final_error_frame = true;
+    batch.responses = resp_count_;
+  } else {
+    batch.responses = std::min(resp_count_, kSenderBatch);
+    batch.first = next_unsent_;
+    batch.last = std::min(tail_seq_, batch.first + kSenderBatch);
+    for (uint64_t s = batch.first; s < batch.last; ++s) ring_[s % ring_.size()].in_flight = true;
+    next_unsent_ = batch.last;
+  }
+  if (batch.responses == 0 && batch.first == batch.last) return false;
+  socket_busy_ = true;
+  return true;
+}
+
+void TcpConnection::gather(const Batch& batch, std::vector<iovec>& iov) {
+  // Entries handed out by the claim are stable until the batch is finished
+  // (or until the peer's READ_RESP for them, which cannot precede our bytes).
+  iov.clear();
+  for (size_t i = 0; i < batch.responses; ++i) {
+    Response& r = responses_[(resp_head_ + i) % responses_.size()];
+    iov.push_back({r.header.data(), r.header.size()});
+    if (r.length > 0) iov.push_back({const_cast<std::byte*>(r.data), r.length});
+  }
+  for (uint64_t s = batch.first; s < batch.last; ++s) {
+    Wr& w = ring_[s % ring_.size()];
+    iov.push_back({w.header.data(), w.header.size()});
+    if (w.opcode == Opcode::kWrite && w.length > 0) iov.push_back({w.local, w.length});
+    if (w.opcode == Opcode::kSend && !w.message.empty())
+      iov.push_back({w.message.data(), w.message.size()});
+  }
+}
+
+void TcpConnection::finish_batch_locked(const Batch& batch, int err) {
+  for (size_t i = 0; i < batch.responses; ++i) {
+    Response& r = responses_[(resp_head_ + i) % responses_.size()];
+    if (r.reg != nullptr) table_->unpin(r.reg);
+    r.reg = nullptr;
+  }
+  resp_head_ = (resp_head_ + batch.responses) % responses_.size();
+  resp_count_ -= batch.responses;
+  if (batch.responses > 0 && receiver_waits_resp_) receiver_cv_.notify_one();
+  if (err == 0) {
+    // Handed to the kernel: Writes and Sends are complete. After a
+    // refusal only those before the refused request count as done.
+    for (uint64_t s = batch.first; s < batch.last; ++s) {
+      Wr& w = ring_[s % ring_.size()];
+      if (w.opcode != Opcode::kRead && (!broken_ || s < culprit_)) w.done = true;
+    }
+    retire_locked();
+  }
+  if (batch.final_error_frame) {
+    error_frame_pending_ = false;
+    error_frame_sent_.notify_all();
+  }
+  socket_busy_ = false;
+}
+
+void TcpConnection::send_inline(std::unique_lock<std::mutex>& lk) {
+  Batch batch;
+  if (dormant_ || broken_ || !claim_batch_locked(batch)) return;
+  gather(batch, inline_iov_);
+  size_t total = 0;
+  for (const iovec& v : inline_iov_) total += v.iov_len;
+  // The sender's, whole or the rest of it; the socket stays busy till then.
+  auto hand_to_sender = [&] {
+    tail_batch_ = batch;
+    tail_pending_ = true;
+    lk.unlock();
+    sender_cv_.notify_one();
+    lk.lock();
+  };
+  if (total > kInlineSendLimit) {
+    // A large batch (a resync chunk, a wide persist) would not fit the
+    // socket buffer anyway: no copy, the sender sends it from where it is.
+    tail_.clear();
+    hand_to_sender();
+    return;
+  }
+  lk.unlock();
+  const ssize_t n = sendv_nowait(fd_.get(), inline_iov_.data(), inline_iov_.size());
+  const int err = n < 0 ? static_cast<int>(-n) : 0;
+  const size_t sent = n > 0 ? static_cast<size_t>(n) : 0;
+  if (err == 0 && sent < total) {
+    // The kernel's buffer is full (the peer is slow to read): the sender
+    // thread finishes the batch, blocking where this thread must not. The
+    // rest (at most kInlineSendLimit) is copied: the batch's memory is then
+    // not read again.
+    tail_.clear();
+    copy_unsent(inline_iov_.data(), inline_iov_.size(), sent, tail_);
+    lk.lock();
+    hand_to_sender();
+    return;
+  }
+  lk.lock();
+  finish_batch_locked(batch, err);
+  // Work queued meanwhile (or a failure) is the sender's.
+  const bool wake = sender_idle_ && (resp_count_ > 0 || next_unsent_ != tail_seq_ || broken_);
+  if (err != 0) {
+    const bool shut = break_locked(
+        errno_status(Errc::kConnectionError, "connection to " + peer_address_ + " lost: send", err),
+        kNoSeq);
+    lk.unlock();
+    wake_and_shut(shut);
+    lk.lock();
+    return;
+  }
+  if (wake) {
+    lk.unlock();
+    sender_cv_.notify_one();
+    lk.lock();
+  }
+}
+
 void TcpConnection::sender_main() {
   std::vector<iovec> iov;
   iov.reserve(4 * kSenderBatch + 4);
   for (;;) {
-    size_t nresp = 0;
-    uint64_t first = 0, last = 0;
-    bool final_error_frame = false;
+    Batch batch;
+    bool tail = false;
     {
       std::unique_lock lk(mu_);
-      while (!broken_ && !stop_sender_ && resp_count_ == 0 && next_unsent_ == tail_seq_) {
+      // The socket may be another thread's (send_inline); wait for it
+      // before anything else, broken or not, so that frames never mix and
+      // nobody moves the application's bytes after we leave.
+      while ((socket_busy_ && !tail_pending_) || (!socket_busy_ && !broken_ && !stop_sender_ &&
+                                                  resp_count_ == 0 && next_unsent_ == tail_seq_)) {
         sender_idle_ = true;
         sender_cv_.wait(lk);
       }
       sender_idle_ = false;
-      if (stop_sender_) return;  // activate() could not start the receiver
-      if (broken_) {
-        if (!error_frame_pending_) break;
-        // The receiver refused a request: emit the responses queued before
-        // it and the ERROR frame (queued last), then close.
-        final_error_frame = true;
-        nresp = resp_count_;
+      if (tail_pending_) {
+        tail_pending_ = false;
+        batch = tail_batch_;
+        tail = true;
       } else {
-        nresp = std::min(resp_count_, kSenderBatch);
-        first = next_unsent_;
-        last = std::min(tail_seq_, first + kSenderBatch);
-        for (uint64_t s = first; s < last; ++s) ring_[s % ring_.size()].in_flight = true;
-        next_unsent_ = last;
+        if (stop_sender_) return;  // activate() could not start the receiver
+        if (!claim_batch_locked(batch)) {
+          if (broken_) break;  // (no ERROR frame to send)
+          continue;
+        }
       }
     }
-    // Entries handed out above are stable until we mark them (or until the
-    // peer's READ_RESP for them, which cannot precede our bytes).
-    iov.clear();
-    for (size_t i = 0; i < nresp; ++i) {
-      Response& r = responses_[(resp_head_ + i) % responses_.size()];
-      iov.push_back({r.header.data(), r.header.size()});
-      if (r.length > 0) iov.push_back({const_cast<std::byte*>(r.data), r.length});
+    int err = 0;
+    if (tail && !tail_.empty()) {
+      iovec rest{tail_.data(), tail_.size()};
+      err = sendv_all(fd_.get(), &rest, 1);
+    } else {
+      gather(batch, iov);
+      err = sendv_all(fd_.get(), iov.data(), static_cast<int>(iov.size()));
     }
-    for (uint64_t s = first; s < last; ++s) {
-      Wr& w = ring_[s % ring_.size()];
-      iov.push_back({w.header.data(), w.header.size()});
-      if (w.opcode == Opcode::kWrite && w.length > 0) iov.push_back({w.local, w.length});
-      if (w.opcode == Opcode::kSend && !w.message.empty())
-        iov.push_back({w.message.data(), w.message.size()});
-    }
-    int err = sendv_all(fd_.get(), iov.data(), static_cast<int>(iov.size()));
     {
       std::lock_guard lk(mu_);
-      for (size_t i = 0; i < nresp; ++i) {
-        Response& r = responses_[(resp_head_ + i) % responses_.size()];
-        if (r.reg != nullptr) table_->unpin(r.reg);
-        r.reg = nullptr;
-      }
-      resp_head_ = (resp_head_ + nresp) % responses_.size();
-      resp_count_ -= nresp;
-      if (nresp > 0 && receiver_waits_resp_) receiver_cv_.notify_one();
-      if (err == 0) {
-        // Handed to the kernel: Writes and Sends are complete. After a
-        // refusal only those before the refused request count as done.
-        for (uint64_t s = first; s < last; ++s) {
-          Wr& w = ring_[s % ring_.size()];
-          if (w.opcode != Opcode::kRead && (!broken_ || s < culprit_)) w.done = true;
-        }
-        retire_locked();
-      }
-      if (final_error_frame) {
-        error_frame_pending_ = false;
-        error_frame_sent_.notify_all();
-      }
+      finish_batch_locked(batch, err);
     }
     if (err != 0) {
       fail(errno_status(Errc::kConnectionError, "connection to " + peer_address_ + " lost: send",
                         err));
       break;
     }
-    if (final_error_frame) {
+    if (batch.final_error_frame) {
       ::shutdown(fd_.get(), SHUT_RDWR);
       break;
     }
@@ -802,6 +995,13 @@ Status TcpConnection::receive_loop() {
   };
   uint8_t hb[kHeaderSize];
   for (;;) {
+    // About to wait for the peer: answer the Reads read so far first, in
+    // one sendmsg (responses to a burst of requests are batched, to a lone
+    // one sent at once, without waking the sender).
+    if (rd.buffered() < sizeof hb) {
+      std::unique_lock lk(mu_);
+      if (resp_count_ > 0) send_inline(lk);
+    }
     if (!rd.read(hb, sizeof hb)) return lost();
     FrameHeader h = decode(hb);
     if (h.magic != kFrameMagic) return malformed("bad magic " + hex(h.magic));
@@ -814,6 +1014,11 @@ Status TcpConnection::receive_loop() {
           // READ_RESP is sent zero-copy from the registration, so wait until
           // an overlapping one has gone out.
           std::unique_lock lk(mu_);
+          if (!broken_ && overlaps_pending_response_locked(h.addr, h.length)) {
+            // Ours to send (they wait for the top of the loop), unless the
+            // socket is busy: then its holder leaves them to the sender.
+            send_inline(lk);
+          }
           while (!broken_ && overlaps_pending_response_locked(h.addr, h.length)) {
             receiver_waits_resp_ = true;
             receiver_cv_.wait(lk);
@@ -858,9 +1063,8 @@ Status TcpConnection::receive_loop() {
           return refuse(h, Opcode::kRead, persisted);
         }
         enum { kQueued, kBroken, kOverflow } outcome = kQueued;
-        bool wake = false;
         {
-          std::lock_guard lk(mu_);
+          std::unique_lock lk(mu_);
           if (broken_) {
             outcome = kBroken;
           } else if (resp_count_ + 1 >= responses_.size()) {  // one spare for ERROR
@@ -877,7 +1081,8 @@ Status TcpConnection::receive_loop() {
             r.data = reinterpret_cast<const std::byte*>(h.addr);
             r.length = h.length;
             ++resp_count_;
-            wake = sender_idle_;
+            // Sent by this thread before it next waits for the peer (the
+            // top of the loop): the flush's round trip crosses no hand-off.
           }
         }
         if (outcome != kQueued) {
@@ -887,7 +1092,6 @@ Status TcpConnection::receive_loop() {
                              std::to_string(peer_.max_outstanding));
           return Status::Ok();
         }
-        if (wake) sender_cv_.notify_one();
         break;
       }
       case FrameType::kSend: {
@@ -900,7 +1104,9 @@ Status TcpConnection::receive_loop() {
         uint32_t slot;
         {
           std::unique_lock lk(mu_);
-          // RNR: stop reading until the application reposts a slot.
+          // RNR: stop reading until the application reposts a slot -- after
+          // answering the Reads read so far (the peer may wait for them).
+          if (posted_count_ == 0 && resp_count_ > 0 && !broken_) send_inline(lk);
           while (posted_count_ == 0 && !broken_) {
             receiver_waits_slot_ = true;
             receiver_cv_.wait(lk);

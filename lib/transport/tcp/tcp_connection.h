@@ -3,6 +3,8 @@
 // Semantics: see tcp_transport.h.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "transport/admission.h"
+#include "transport/spin.h"
 #include "transport/tcp/registration.h"
 #include "transport/tcp/socket.h"
 #include "transport/tcp/wire.h"
@@ -62,6 +65,8 @@ class TcpConnection final : public Connection {
   Status post_read(const MemoryRegion& local, size_t local_offset, size_t len,
                    const RemoteKey& remote, uint64_t remote_offset, uint64_t wr_id) override;
   Status post_send(std::span<const std::byte> message, uint64_t wr_id) override;
+  Result<size_t> post_list(std::span<const WorkRequest> requests) override;
+  void set_poll_mode(PollMode mode) override { spin_.set_mode(mode); }
   Result<size_t> poll(std::span<Completion> out, std::chrono::milliseconds timeout) override;
   std::span<const std::byte> recv_data(uint32_t slot, uint32_t byte_len) const override;
   Status repost_recv(uint32_t slot) override;
@@ -110,6 +115,11 @@ class TcpConnection final : public Connection {
                                              std::string_view op) const;
   Status post(Opcode opcode, uint64_t wr_id, bool signaled, std::byte* local, size_t len,
               const RemoteKey* remote, uint64_t remote_offset, std::span<const std::byte> message);
+  // Fills the next ring entry and its frame header (room already checked).
+  void enqueue_locked(Opcode opcode, uint64_t wr_id, bool signaled, std::byte* local, size_t len,
+                      const RemoteKey* remote, uint64_t remote_offset,
+                      std::span<const std::byte> message);
+  Status queue_full_locked();  // also asks to be told when room is made
 
   // Dormant mode: the owner's thread moves the bytes, under mu_, on the
   // non-blocking socket. Frames are read exactly (never past the end of
@@ -121,6 +131,37 @@ class TcpConnection final : public Connection {
   void dormant_fail_locked(Status why);
   void abandon_input_locked();
   Status dormant_lost_locked(int err);
+
+  // What one sendmsg carries: the first `responses` queued responses and
+  // the ring entries [first, last); `final_error_frame`: the responses end
+  // with the ERROR frame, after which the socket is shut.
+  struct Batch {
+    size_t responses = 0;
+    uint64_t first = 0;
+    uint64_t last = 0;
+    bool final_error_frame = false;
+  };
+  // Takes what waits to be sent (at most kSenderBatch frames of each kind)
+  // and makes the socket ours (socket_busy_). False: the socket is someone
+  // else's, or nothing waits.
+  bool claim_batch_locked(Batch& batch);
+  // The batch's frames, gathered into `iov` (its entries are stable until
+  // the batch is finished).
+  void gather(const Batch& batch, std::vector<iovec>& iov);
+  // After the batch went to the kernel (err 0) or failed (errno): unpins
+  // the responses, completes the Writes and Sends, frees the socket.
+  void finish_batch_locked(const Batch& batch, int err);
+  // From the posting thread (an application's, or the receiver's for a
+  // READ_RESP), when no one else writes to the socket: sends what is queued
+  // now, without the hand-off to the sender thread. Never blocks: what the
+  // kernel does not take at once is copied and left to the sender, and a
+  // batch over kInlineSendLimit bytes is left to it whole.
+  // `lk` holds mu_ and is let go while sending.
+  void send_inline(std::unique_lock<std::mutex>& lk);
+  // After a post queued its frames: sends them inline when the connection
+  // was idle before (nothing posted and unfinished), else wakes the sender,
+  // which batches what concurrent or pipelined posts queue.
+  void post_queued(std::unique_lock<std::mutex>& lk, bool idle);
 
   void sender_main();
   void receiver_main();
@@ -155,6 +196,16 @@ class TcpConnection final : public Connection {
   std::condition_variable cq_cv_;        // completions for poll()
   std::condition_variable receiver_cv_;  // a slot was reposted / a response went out
   bool sender_idle_ = false;
+  // Someone -- the sender, or a thread in send_inline() -- is writing to the
+  // socket; nobody else may until it is cleared.
+  bool socket_busy_ = false;
+  // send_inline() left a batch to the sender (the socket stays busy till
+  // it is finished): whole when tail_ is empty, else tail_ holds the bytes
+  // the kernel did not take (copied).
+  bool tail_pending_ = false;
+  Batch tail_batch_;
+  std::vector<std::byte> tail_;
+  std::vector<iovec> inline_iov_;  // send_inline()'s, used by the socket's holder
   int pollers_ = 0;
   bool receiver_waits_slot_ = false;
   bool receiver_waits_resp_ = false;
@@ -190,6 +241,7 @@ class TcpConnection final : public Connection {
   std::string error_text_;  // payload of the ERROR frame, if any
 
   std::deque<Cqe> cq_;
+  SpinPolicy spin_{PollMode::kAdaptive};  // how poll() waits (thread-safe; set from options_)
 
   // Receive slots.
   std::unique_ptr<std::byte[]> slots_;

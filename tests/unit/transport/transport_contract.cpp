@@ -172,6 +172,121 @@ TEST_P(TransportContract, CompletionsInPostingOrder) {
   EXPECT_EQ(r[0].byte_len, 2u);
 }
 
+TEST_P(TransportContract, PostListPostsWritesReadAndSendInOrder) {
+  std::vector<std::byte> remote(1 << 16), local(1 << 16), flushed(64);
+  auto p = make_pair();
+  ASSERT_TRUE(p.active && p.passive);
+  std::mt19937 rng(7);
+  for (auto& b : local) b = std::byte(rng());
+  auto rmr = p.passive->register_memory(remote.data(), remote.size(), kRemoteWrite | kRemoteRead);
+  auto lmr = p.active->register_memory(local.data(), local.size(), kLocalOnly);
+  auto fmr = p.active->register_memory(flushed.data(), flushed.size(), kLocalOnly);
+  ASSERT_TRUE(rmr.ok() && lmr.ok() && fmr.ok());
+  RemoteKey key = (*rmr)->remote_key();
+  // A small Write (inline over rdma), a large one, unsignaled both, then a
+  // Read of the first one's bytes and a Send: one list.
+  const std::string hello = "committed";
+  const WorkRequest list[] = {
+      WorkRequest::write(**lmr, 0, 64, key, 128, 1, /*signaled=*/false),
+      WorkRequest::write(**lmr, 4096, 20000, key, 8192, 2, /*signaled=*/false),
+      WorkRequest::read(**fmr, 0, 64, key, 128, 3),
+      WorkRequest::send(bytes_of(hello), 4),
+  };
+  auto posted = p.active->post_list(list);
+  ASSERT_TRUE(posted.ok()) << posted.status().to_string();
+  ASSERT_EQ(*posted, 4u);
+  auto c = wait_for(*p.active, 2);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0].wr_id, 3u);
+  EXPECT_EQ(c[0].opcode, Opcode::kRead);
+  EXPECT_TRUE(c[0].status.ok()) << c[0].status.to_string();
+  EXPECT_EQ(c[1].wr_id, 4u);
+  EXPECT_EQ(c[1].opcode, Opcode::kSend);
+  EXPECT_EQ(0, std::memcmp(flushed.data(), local.data(), 64)) << "the Read saw the Write";
+  EXPECT_EQ(0, std::memcmp(remote.data() + 128, local.data(), 64));
+  EXPECT_EQ(0, std::memcmp(remote.data() + 8192, local.data() + 4096, 20000));
+  auto r = wait_for(*p.passive, 1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].opcode, Opcode::kRecv);
+  auto data = p.passive->recv_data(static_cast<uint32_t>(r[0].wr_id), r[0].byte_len);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(data.data()), data.size()), hello);
+}
+
+TEST_P(TransportContract, PostListBeyondRoomPostsAPrefixAndTheRestLater) {
+  ConnectionOptions opt;
+  opt.max_outstanding = 8;
+  auto p = make_pair(opt);
+  ASSERT_TRUE(p.active && p.passive);
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(p.active->post_send(bytes_of("m"), i).ok());
+  const std::string m = "m";
+  std::vector<WorkRequest> list;
+  for (int i = 6; i < 10; ++i) list.push_back(WorkRequest::send(bytes_of(m), i));
+  auto posted = p.active->post_list(list);
+  ASSERT_TRUE(posted.ok()) << posted.status().to_string();
+  ASSERT_LT(*posted, list.size()) << "8 may be outstanding, 10 were posted";
+  std::vector<Completion> seen;
+  size_t done = *posted;
+  const auto deadline = Clock::now() + 20s;
+  while (done < list.size() && Clock::now() < deadline) {
+    Completion buf[16];
+    auto r = p.active->poll(buf, 100ms);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    seen.insert(seen.end(), buf, buf + *r);
+    auto more = p.active->post_list(std::span(list).subspan(done));
+    ASSERT_TRUE(more.ok()) << more.status().to_string();
+    done += *more;
+  }
+  ASSERT_EQ(done, list.size());
+  auto rest = wait_for(*p.active, 10 - seen.size());
+  seen.insert(seen.end(), rest.begin(), rest.end());
+  ASSERT_EQ(seen.size(), 10u);
+  for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i].wr_id, i) << "in posting order";
+  auto r = wait_for(*p.passive, 10);
+  EXPECT_EQ(r.size(), 10u) << "each message arrived once";
+}
+
+TEST_P(TransportContract, EveryPollModeDeliversCompletionsAndWaitsOutItsTimeout) {
+  for (PollMode mode : {PollMode::kEvent, PollMode::kAdaptive, PollMode::kBusy}) {
+    SCOPED_TRACE(std::string(poll_mode_name(mode)));
+    std::vector<std::byte> remote(4096), local(4096), back(64);
+    ConnectionOptions options;
+    options.poll_mode = mode;
+    auto p = make_pair(options);
+    ASSERT_TRUE(p.active && p.passive);
+    p.passive->set_poll_mode(mode);
+    auto rmr = p.passive->register_memory(remote.data(), remote.size(), kRemoteWrite | kRemoteRead);
+    auto lmr = p.active->register_memory(local.data(), local.size(), kLocalOnly);
+    auto bmr = p.active->register_memory(back.data(), back.size(), kLocalOnly);
+    ASSERT_TRUE(rmr.ok() && lmr.ok() && bmr.ok());
+    const RemoteKey key = (*rmr)->remote_key();
+    Completion got[4];
+    // Nothing in flight: the wait lasts its timeout and finds nothing.
+    const auto start = Clock::now();
+    auto none = p.active->poll(got, 30ms);
+    ASSERT_TRUE(none.ok()) << none.status().to_string();
+    EXPECT_EQ(*none, 0u);
+    EXPECT_GE(Clock::now() - start, 29ms);
+    // Round trips: each Read completes, after its Write, whatever the mode.
+    for (int i = 0; i < 50; ++i) {
+      std::memset(local.data(), i, 64);
+      const WorkRequest list[] = {WorkRequest::write(**lmr, 0, 64, key, 256, 1, false),
+                                  WorkRequest::read(**bmr, 0, 64, key, 256, 2)};
+      auto posted = p.active->post_list(list);
+      ASSERT_TRUE(posted.ok() && *posted == 2u);
+      auto c = wait_for(*p.active, 1);
+      ASSERT_EQ(c.size(), 1u);
+      ASSERT_EQ(c[0].wr_id, 2u);
+      ASSERT_TRUE(c[0].status.ok()) << c[0].status.to_string();
+      ASSERT_EQ(back[63], std::byte(i));
+    }
+    // And the passive side receives under it.
+    ASSERT_TRUE(p.active->post_send(bytes_of("mode"), 3).ok());
+    auto r = wait_for(*p.passive, 1);
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_EQ(r[0].opcode, Opcode::kRecv);
+  }
+}
+
 TEST_P(TransportContract, ManyRandomWritesThenReadEachBack) {
   ConnectionOptions opt;
   opt.max_outstanding = 32;

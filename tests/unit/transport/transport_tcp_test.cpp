@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <future>
 #include <random>
@@ -134,6 +135,66 @@ TEST_F(TcpTransport, APollAfterResourceExhaustedReturnsOnceRoomIsMade) {
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].wr_id, 7u);
   EXPECT_TRUE(done[0].status.ok()) << done[0].status.to_string();
+}
+
+// The posting thread sends a persist's frames itself when the socket is
+// free, but never blocks on it: with the peer not reading (its receiver
+// waits for a receive slot: RNR), Writes beyond what the socket buffers
+// hold still return at once (small ones sent in part and the rest copied
+// for the sender, a large one left to the sender whole), the sender
+// finishes them once the peer reads again, and every byte arrives.
+TEST_F(TcpTransport, APostNeverBlocksOnAPeerThatStopsReading) {
+  constexpr size_t kLen = 40 << 20;
+  constexpr size_t kSmall = 128 << 10;
+  constexpr size_t kSmallWrites = 192;  // 24 MiB, beyond loopback's buffers
+  std::vector<std::byte> remote(kLen), src(kLen), flushed(8);
+  for (size_t i = 0; i < kLen; ++i) src[i] = std::byte((i * 131 + i / 4096) & 0xff);
+  ConnectionOptions opt;
+  opt.recv_slots = 1;
+  auto p = make_pair(opt);
+  ASSERT_TRUE(p.active && p.passive);
+  auto rmr = p.passive->register_memory(remote.data(), remote.size(), kRemoteWrite | kRemoteRead);
+  auto smr = p.active->register_memory(src.data(), src.size(), kLocalOnly);
+  auto fmr = p.active->register_memory(flushed.data(), flushed.size(), kLocalOnly);
+  ASSERT_TRUE(rmr.ok() && smr.ok() && fmr.ok());
+  // The first Send takes the passive side's only slot, which it keeps; the
+  // receiver then stops reading at the second.
+  const std::byte message[8] = {};
+  ASSERT_TRUE(p.active->post_send(message, 1).ok());
+  ASSERT_TRUE(p.active->post_send(message, 2).ok());
+  auto first = wait_for(*p.passive, 1);
+  ASSERT_EQ(first.size(), 1u);
+  ASSERT_EQ(first[0].opcode, Opcode::kRecv);
+
+  auto posted = std::async(std::launch::async, [&] {
+    for (size_t i = 0; i < kSmallWrites; ++i) {
+      Status small = p.active->post_write(**smr, i * kSmall, kSmall, (*rmr)->remote_key(),
+                                          i * kSmall, 100 + i, false);
+      if (!small.ok()) return small;
+    }
+    const size_t rest = kSmallWrites * kSmall;
+    return p.active->post_write(**smr, rest, kLen - rest, (*rmr)->remote_key(), rest, 3, true);
+  });
+  // A guard against the hang, not a timing: a blocking post never returns.
+  const bool returned = posted.wait_for(30s) == std::future_status::ready;
+  const auto slot = static_cast<uint32_t>(first[0].wr_id);
+  ASSERT_TRUE(p.passive->repost_recv(slot).ok());  // the peer reads again
+  ASSERT_TRUE(returned) << "post_write blocked on a peer that did not read";
+  ASSERT_TRUE(posted.get().ok());
+  auto second = wait_for(*p.passive, 1);
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_EQ(second[0].opcode, Opcode::kRecv);
+  ASSERT_TRUE(p.active->post_read(**fmr, 0, 8, (*rmr)->remote_key(), kLen - 8, 4).ok());
+  std::vector<Completion> done;
+  while (done.size() < 4) {
+    auto more = wait_for(*p.active, 1);
+    ASSERT_EQ(more.size(), 1u) << "after " << done.size() << " completions";
+    ASSERT_TRUE(more[0].status.ok()) << more[0].status.to_string();
+    done.push_back(more[0]);
+  }
+  EXPECT_EQ(done.back().wr_id, 4u) << "the flushing Read completes last";
+  EXPECT_TRUE(std::equal(remote.begin(), remote.end(), src.begin())) << "bytes differ";
+  EXPECT_TRUE(std::equal(flushed.begin(), flushed.end(), src.end() - 8));
 }
 
 // A registration backed by a file truncated under it (what a volume whose
