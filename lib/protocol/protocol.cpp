@@ -234,8 +234,9 @@ Status blame(const Status& s, Errc code, std::string_view where) {
 Status validate(const Hello& m, Errc code) {
   PMIRROR_RETURN_IF_ERROR(blame(check_name(m.volume), code, "Hello.volume"));
   PMIRROR_RETURN_IF_ERROR(blame(check_identity(m.identity), code, "Hello.identity"));
-  if (m.flags != 0) {
-    return Status(code, "Hello.flags is " + hex(m.flags) + ", must be 0 (reserved)");
+  if ((m.flags & ~kHelloFlagsKnown) != 0) {
+    return Status(code, "Hello.flags has undefined bits " + hex(m.flags & ~kHelloFlagsKnown) +
+                            " (defined: cumulative acks 0x1)");
   }
   return Status::Ok();
 }
@@ -558,9 +559,12 @@ std::string_view type_name(MessageType type) {
 
 Status encode(const Message& message, std::vector<std::byte>& out) {
   out.clear();
-  PMIRROR_RETURN_IF_ERROR(
-      std::visit([](const auto& m) { return validate(m, Errc::kInvalidArgument); }, message)
-          .with_context("cannot encode " + std::string(type_name(type_of(message)))));
+  // The context is built only for an error: encoding is on the persist path.
+  if (Status valid =
+          std::visit([](const auto& m) { return validate(m, Errc::kInvalidArgument); }, message);
+      !valid.ok()) {
+    return valid.with_context("cannot encode " + std::string(type_name(type_of(message))));
+  }
   Writer w(out);
   w.u32(kMagic);
   w.u16(kVersion);

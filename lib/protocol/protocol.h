@@ -105,11 +105,19 @@ struct Range {
   bool operator==(const Range&) const = default;
 };
 
+// Hello.flags: what the initiator understands beyond version 2's basics.
+enum HelloFlag : uint32_t {
+  // A CommitAck acknowledges every Commit up to its sequence (and returns
+  // their credits): the target may answer a run of Commits with one.
+  kHelloCumulativeAcks = 1u << 0,
+};
+inline constexpr uint32_t kHelloFlagsKnown = kHelloCumulativeAcks;
+
 struct Hello {
   std::string volume;    // which volume to open
   std::string identity;  // who is asking (checked against allowed peers)
   std::array<uint8_t, kNonceSize> client_nonce{};
-  uint32_t flags = 0;  // reserved, 0
+  uint32_t flags = 0;  // HelloFlag bits
   bool operator==(const Hello&) const = default;
 };
 

@@ -1,17 +1,27 @@
 #include "session/session.h"
 
+#include <algorithm>
 #include <array>
+#include <cstddef>
+#include <utility>
 
 namespace pmirror::session {
 
 Status Messenger::send(const protocol::Message& message) {
+  PMIRROR_ASSIGN_OR_RETURN(transport::WorkRequest request, encode(message));
+  PMIRROR_RETURN_IF_ERROR(connection_.post_send(request.message, request.wr_id));
+  sent();
+  return Status::Ok();
+}
+
+Result<transport::WorkRequest> Messenger::encode(const protocol::Message& message) {
   Status encoded = protocol::encode(message, encode_buffer_);
   if (!encoded.ok()) {
     return Status(Errc::kInternal, "encoding " + std::string(protocol::type_name(
                                                      protocol::type_of(message))) +
                                        ": " + encoded.message());
   }
-  return connection_.post_send(encode_buffer_, kSendTag | sends_posted_++);
+  return transport::WorkRequest::send(encode_buffer_, kSendTag | sends_posted_);
 }
 
 Status Messenger::pump(std::chrono::milliseconds timeout, std::vector<protocol::Message>& messages,
@@ -33,13 +43,39 @@ Status Messenger::pump(std::chrono::milliseconds timeout, std::vector<protocol::
   return polled;
 }
 
+void Messenger::collect(std::chrono::milliseconds timeout) {
+  // The caller holds the reservation (collect_mutex_).
+  if (polled_count_ > 0 || !polled_error_.ok()) return;
+  auto polled = connection_.poll(polled_, timeout);
+  if (polled.ok()) {
+    polled_count_ = *polled;
+  } else {
+    polled_error_ = polled.status();
+  }
+}
+
 Status Messenger::poll_once(std::chrono::milliseconds timeout,
                             std::vector<protocol::Message>& messages,
                             const CompletionHandler& on_completion) {
+  std::unique_lock reservation(collect_mutex_, std::defer_lock);
+  if (timeout.count() == 0) {
+    if (!reservation.try_lock()) return Status::Ok();  // a collector is waiting: it leaves them
+  } else {
+    reservation.lock();
+  }
+  if (!polled_error_.ok()) return std::exchange(polled_error_, Status::Ok());
+  if (polled_count_ == 0) {
+    auto polled = connection_.poll(polled_, timeout);
+    if (!polled.ok()) return polled.status();
+    polled_count_ = *polled;
+  }
+  // Handled after the reservation is let go: handling may send (refuse()
+  // waits for its reply to leave, which pumps again).
   std::array<transport::Completion, 32> completions;
-  auto polled = connection_.poll(completions, timeout);
-  if (!polled.ok()) return polled.status();
-  size_t count = *polled;
+  const size_t count = std::exchange(polled_count_, 0);
+  std::move(polled_.begin(), polled_.begin() + static_cast<std::ptrdiff_t>(count),
+            completions.begin());
+  reservation.unlock();
   Status first_error;
   for (size_t i = 0; i < count; ++i) {
     const transport::Completion& c = completions[i];

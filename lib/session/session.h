@@ -2,13 +2,15 @@
 // A Messenger encodes and posts messages, and pumps the connection's
 // completions, handing each received message to the caller decoded (the
 // receive slot is reposted as soon as it has been decoded). It owns no
-// thread: whoever holds it drives it, which keeps one Connection used by one
-// thread at a time, as verbs prefer.
+// thread: whoever holds it drives it, under the owner's lock; the one
+// exception is collect() (below), which waits for completions without it.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -29,6 +31,12 @@ class Messenger {
   // Encodes and posts one message. Errors: kInternal (encoding: a bug),
   // whatever post_send returns.
   Status send(const protocol::Message& message);
+
+  // For a message posted as part of a Connection::post_list: encodes it and
+  // returns its request (valid until the next encode or send); the caller
+  // calls sent() once it is posted.
+  Result<transport::WorkRequest> encode(const protocol::Message& message);
+  void sent() { ++sends_posted_; }
 
   // Processes completions for up to `timeout`, returning as soon as at least
   // one message has arrived or `on_completion` asked to stop.
@@ -55,11 +63,33 @@ class Messenger {
 
   transport::Connection& connection() { return connection_; }
 
+  // Collecting: one thread waits on the connection for completions without
+  // the lock that guards the session (so that other threads post meanwhile)
+  // and leaves them for the next pump, which handles them in order.
+  //  * reserve_collect() is called with the session's lock held; the
+  //    reservation keeps every pump of this Messenger (and its destruction)
+  //    out until it is released;
+  //  * collect() then runs without the session's lock: it waits up to
+  //    `timeout` for completions and keeps them, touching nothing else;
+  //  * a pump with timeout 0 that finds a reservation returns at once with
+  //    nothing (the collector will leave what arrives); a pump that waits
+  //    waits for the reservation's release first.
+  std::unique_lock<std::mutex> reserve_collect() { return std::unique_lock(collect_mutex_); }
+  void collect(std::chrono::milliseconds timeout);
+  // Waits until no collector is inside (for the owner's destructor).
+  void quiesce() { std::lock_guard wait_out(collect_mutex_); }
+
  private:
   Status poll_once(std::chrono::milliseconds timeout, std::vector<protocol::Message>& messages,
                    const CompletionHandler& on_completion);
 
   transport::Connection& connection_;
+  // Completions polled and not handled yet (by collect(), or by a
+  // poll_once that is handling them): guarded by collect_mutex_.
+  std::mutex collect_mutex_;
+  std::array<transport::Completion, 32> polled_;
+  size_t polled_count_ = 0;
+  Status polled_error_;  // collect()'s poll failed: reported by the next pump
   std::vector<std::byte> encode_buffer_;
   std::vector<protocol::Message> backlog_;  // received beyond what receive() returned
   uint64_t sends_posted_ = 0;

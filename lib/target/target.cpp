@@ -65,7 +65,7 @@ bool ServedVolume::allows(const std::string& identity, std::string* secret_out) 
 namespace {
 
 // Settings that need the volume reopened when they change. `peers`,
-// `primary`, `allowed_peers` and `secret` are not among them: they are
+// `primary`, `allowed_peers`, `secret` and `poll` are not among them: they are
 // updated in place, and a session goes on unless its identity lost access.
 bool same_settings(const config::VolumeConfig& a, const config::VolumeConfig& b) {
   return a.path == b.path && a.size == b.size && a.create == b.create && a.apm == b.apm &&
@@ -167,6 +167,7 @@ class Target::Impl {
     served->peers = volume_config.peers;
     served->allowed_peers = volume_config.allowed_peers;
     served->secret = volume_config.secret;
+    served->poll = volume_config.poll;
     // Open (creating it if needed) the copy's metadata once, so that a
     // wrong path or a mismatched pool fails now rather than at the first
     // session. Busy is fine: a local primary (or, on reload, this volume's
@@ -462,6 +463,7 @@ Result<ReloadResult> Target::reload(const config::DaemonConfig& config, bool dry
       volume->allowed_peers = volume_config->allowed_peers;
       volume->secret = volume_config->secret;
     }
+    volume->poll = volume_config->poll;  // sessions that start from now on
     if (access_changed) {
       ++volume->access_version;  // its session checks its identity again
       std::string peers;

@@ -51,6 +51,9 @@ struct ServedVolume {
   // Set by `promote --force`: the writer's session ends at once, refused
   // with kClosed and evict_reason (guarded by mutex).
   std::atomic<bool> evict{false};
+  // How its sessions' threads wait (config.poll, updated in place by a
+  // reload; a session takes it when it starts serving).
+  std::atomic<transport::PollMode> poll{transport::PollMode::kAdaptive};
   std::string evict_reason;
   // The volume's other nodes (config.peers, updated in place by a reload
   // that changes nothing else); guarded by mutex.

@@ -311,6 +311,8 @@ class Session {
   }
 
   void serve() {
+    // The volume's poll mode: known only now that the peer named it.
+    messenger_.connection().set_poll_mode(volume_.poll.load());
     auto last_heard = Clock::now();
     std::vector<protocol::Message> messages;
     while (open_) {
@@ -321,6 +323,10 @@ class Session {
       }
       if (ended_from_outside(messages.empty())) return;
       if (messages.empty()) {
+        if (Status acked = flush_commit_acks(/*idle=*/true); !acked.ok()) {
+          end_reason_ = acked.to_string();
+          return;
+        }
         if (Clock::now() - last_heard > context_.options.session_timeout) {
           std::string silence = "nothing heard for " +
                                 std::to_string(context_.options.session_timeout.count()) + " ms";
@@ -347,6 +353,12 @@ class Session {
           end(handled.code(), handled.message(), handled.to_string());
         }
         if (!open_) break;
+      }
+      if (open_) {
+        if (Status acked = flush_commit_acks(/*idle=*/false); !acked.ok()) {
+          end_reason_ = acked.to_string();
+          return;
+        }
       }
     }
   }
@@ -415,12 +427,31 @@ class Session {
     return Status::Ok();
   }
 
-  // APM: the data was written and flushed by the transport; record it.
+  // APM: the data was written and flushed by the transport; record it. An
+  // initiator that takes cumulative acks gets one CommitAck per run of
+  // Commits (flush_commit_acks); others one per Commit.
   Status on(const protocol::Commit& commit) {
     PMIRROR_RETURN_IF_ERROR(
         check_update(book_, commit.generation, commit.sequence, commit.ranges, region_.size()));
     record_update(commit.sequence, commit.ranges);
-    return messenger_.send(protocol::CommitAck{commit.sequence});
+    if (!cumulative_acks()) return messenger_.send(protocol::CommitAck{commit.sequence});
+    ++unacked_commits_;
+    return Status::Ok();
+  }
+
+  bool cumulative_acks() const { return (peer_.hello.flags & protocol::kHelloCumulativeAcks) != 0; }
+
+  // Answers the Commits recorded since the last CommitAck with one, when
+  // they hold a quarter of the receive slots or the session went idle: the
+  // initiator then always has three quarters of its credits (it keeps a few
+  // for other requests), and pays one ack, not one per persist.
+  Status flush_commit_acks(bool idle) {
+    if (unacked_commits_ == 0) return Status::Ok();
+    const uint32_t slots = messenger_.connection().options().recv_slots;
+    const uint32_t ack_every = slots >= 16 ? slots / 4 : 1;
+    if (!idle && unacked_commits_ < ack_every) return Status::Ok();
+    unacked_commits_ = 0;
+    return messenger_.send(protocol::CommitAck{book_.last_sequence});
   }
 
   // GPSPM: persist the ranges here, then record them; a resync copy
@@ -511,6 +542,7 @@ class Session {
   uint64_t access_seen_;
   bool open_ = true;
   bool said_goodbye_ = false;
+  uint32_t unacked_commits_ = 0;  // recorded, not answered yet (cumulative acks)
   std::string end_reason_ = "initiator closed the session";
   // The state the record ends in when it is not a Goodbye (kClosed) or a
   // plain loss (kDisconnected).

@@ -534,10 +534,10 @@ TEST(ProtocolDecodeTest, RejectsBadIdentities) {
   expect_rejected(with_identity("a\nb"), "control character 0xa at byte 1");
 }
 
-TEST(ProtocolDecodeTest, RejectsNonzeroHelloFlags) {
+TEST(ProtocolDecodeTest, RejectsUndefinedHelloFlags) {
   Bytes b = encoded(Hello(sample_hello()));
   put_le(b, b.size() - 4, 0x10, 4);
-  expect_rejected(b, "Hello.flags is 0x10, must be 0");
+  expect_rejected(b, "Hello.flags has undefined bits 0x10 (defined: cumulative acks 0x1)");
 }
 
 TEST(ProtocolDecodeTest, RejectsUndefinedMethodBits) {
@@ -735,8 +735,8 @@ TEST(ProtocolEncodeTest, RefusesMessagesOutsideTheLimits) {
   h.volume = std::string(kMaxNameLength + 1, 'a');
   EXPECT_THAT(encode(h, out).message(), HasSubstr("volume name is 65 bytes"));
   h = sample_hello();
-  h.flags = 1;
-  EXPECT_THAT(encode(h, out).message(), HasSubstr("Hello.flags is 0x1"));
+  h.flags = 2;
+  EXPECT_THAT(encode(h, out).message(), HasSubstr("Hello.flags has undefined bits 0x2"));
 
   ErrorReply e{Errc::kOk, "fine"};
   EXPECT_THAT(encode(e, out).message(), HasSubstr("ErrorReply.code 0 is not a known"));

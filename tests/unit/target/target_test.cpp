@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -76,7 +77,7 @@ struct Client {
 };
 
 Result<Client> open_session(uint16_t port, const std::string& volume = "v1",
-                            const std::string& identity = "app") {
+                            const std::string& identity = "app", uint32_t hello_flags = 0) {
   Client c;
   PMIRROR_ASSIGN_OR_RETURN(c.connection, transport::connect(transport::Kind::kTcp, "127.0.0.1",
                                                             port, transport::ConnectionOptions{}));
@@ -84,6 +85,7 @@ Result<Client> open_session(uint16_t port, const std::string& volume = "v1",
   protocol::Hello hello;
   hello.volume = volume;
   hello.identity = identity;
+  hello.flags = hello_flags;
   PMIRROR_ASSIGN_OR_RETURN(hello.client_nonce, auth::random_nonce());
   PMIRROR_RETURN_IF_ERROR(c.send(hello));
   PMIRROR_ASSIGN_OR_RETURN(auto challenge_message, c.receive("Challenge"));
@@ -406,6 +408,61 @@ TEST_F(TargetTest, VerifyHashesEachChunkOfTheRegion) {
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), Errc::kInvalidArgument);
   EXPECT_THAT(refused.status().message(), HasSubstr("ends beyond the volume's"));
+}
+
+TEST_F(TargetTest, EachCommitIsAnsweredUnlessTheInitiatorTakesCumulativeAcks) {
+  start();
+  uint64_t sequence = 0;
+  {
+    // A version-2 initiator (no flags): one CommitAck per Commit, in order.
+    auto client = open_session(target_->port());
+    ASSERT_TRUE(client.ok()) << client.status().to_string();
+    sequence = client->descriptor.last_sequence;
+    for (int i = 1; i <= 3; ++i) {
+      ASSERT_TRUE(client
+                      ->send(protocol::Commit{
+                          sequence + i, client->descriptor.generation, {{uint64_t(i) * 4096, 64}}})
+                      .ok());
+    }
+    for (int i = 1; i <= 3; ++i) {
+      EXPECT_EQ(client->expect<protocol::CommitAck>("CommitAck").sequence, sequence + i);
+    }
+    sequence += 3;
+    ASSERT_TRUE(client->send(protocol::Goodbye{}).ok());
+    ASSERT_TRUE(wait_no_writer());
+  }
+  // With cumulative acks: 40 Commits back to back (the target keeps 64
+  // receive slots, so it answers once 16 are unanswered, and the rest when
+  // the session goes idle). Fewer acks, each answering every Commit up to
+  // its sequence, the last one the last Commit; every Commit recorded.
+  auto client = open_session(target_->port(), "v1", "app", protocol::kHelloCumulativeAcks);
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  ASSERT_EQ(client->descriptor.last_sequence, sequence);
+  ASSERT_GE(client->descriptor.recv_slots, 16u) << "the target acks every recv_slots / 4";
+  const uint64_t first = sequence + 1, last = sequence + 40;
+  for (uint64_t s = first; s <= last; ++s) {
+    ASSERT_TRUE(
+        client->send(protocol::Commit{s, client->descriptor.generation, {{(s % 64) * 4096, 64}}})
+            .ok());
+  }
+  std::vector<uint64_t> acks;
+  while (acks.empty() || acks.back() < last) {
+    auto ack = client->expect<protocol::CommitAck>("CommitAck");
+    if (ack.sequence == 0) break;  // expect() failed
+    acks.push_back(ack.sequence);
+  }
+  ASSERT_FALSE(acks.empty());
+  EXPECT_EQ(acks.back(), last);
+  EXPECT_LT(acks.size(), 40u);
+  EXPECT_TRUE(std::is_sorted(acks.begin(), acks.end()) &&
+              std::adjacent_find(acks.begin(), acks.end()) == acks.end())
+      << "acks rise";
+  ASSERT_TRUE(client->send(protocol::Goodbye{}).ok());
+  ASSERT_TRUE(wait_no_writer());
+  // The next session starts after the last one recorded.
+  auto next = open_session(target_->port());
+  ASSERT_TRUE(next.ok()) << next.status().to_string();
+  EXPECT_EQ(next->descriptor.last_sequence, last);
 }
 
 TEST_F(TargetTest, SplitBrainReportEndsTheSessionAsSplitBrain) {
