@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <pmirror/pmirror.hpp>
 #include <random>
@@ -70,8 +71,9 @@ int main(int argc, char** argv) {
   options.identity = "demo";
   std::string config_path;
   std::string node;
-  app.add_option("--config", config_path,
-                 "cluster file: the volume's replicas, secret and local path come from it");
+  auto* config_option =
+      app.add_option("--config", config_path,
+                     "cluster file: the volume's replicas, secret and local path come from it");
   app.add_option("--node", node, "this node's name in the cluster file (default: host name)");
   app.add_option("--volume", options.name, "volume name on the targets")->required();
   app.add_option("--local", options.local_path, "local copy (created if missing)");
@@ -85,6 +87,15 @@ int main(int argc, char** argv) {
       ->excludes(secret_option);
   app.add_option("--count", count, "records to write")->capture_default_str();
   app.add_option("--record-size", record_size, "bytes per record")->capture_default_str();
+  const std::map<std::string, PollMode> poll_modes = {
+      {"busy", PollMode::kBusy}, {"adaptive", PollMode::kAdaptive}, {"event", PollMode::kEvent}};
+  std::string poll_name = "adaptive";
+  app.add_option("--poll", poll_name,
+                 "busy|adaptive|event: how this side waits for completions (not with --config: "
+                 "there the volume's `poll` says it)")
+      ->check(CLI::IsMember(poll_modes))
+      ->excludes(config_option)
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   if (config_path.empty() && (options.local_path.empty() || replicas.empty())) {
@@ -114,6 +125,7 @@ int main(int argc, char** argv) {
   }
   options.size = *size;
   options.create = true;
+  options.poll = poll_modes.at(poll_name);
   for (const auto& r : replicas) {
     auto colon = r.rfind(':');
     if (colon == std::string::npos) {

@@ -134,6 +134,13 @@ enum pmirror_method PMIRROR_ENUM_INT {
   PMIRROR_METHOD_GPSPM = 1 /* always ask the target to persist (Send/Recv) */
 };
 
+/* How a thread waiting for a replica's completions waits. */
+enum pmirror_poll PMIRROR_ENUM_INT {
+  PMIRROR_POLL_ADAPTIVE = 0, /* spin about twice as long as recent waits took (<= 1 ms) */
+  PMIRROR_POLL_EVENT = 1,    /* sleep at once: no CPU while waiting */
+  PMIRROR_POLL_BUSY = 2      /* spin until done: a core per waiting thread */
+};
+
 /* A persist that cannot reach `ack` in-sync replicas. */
 enum pmirror_on_insufficient PMIRROR_ENUM_INT {
   PMIRROR_ON_INSUFFICIENT_FAIL = 0, /* fails at once */
@@ -220,6 +227,10 @@ PMIRROR_EXPORT int pmirror_cfg_get_method(const struct pmirror_cfg* cfg,
 PMIRROR_EXPORT int pmirror_cfg_set_max_in_flight(struct pmirror_cfg* cfg, uint32_t max_in_flight);
 PMIRROR_EXPORT int pmirror_cfg_get_max_in_flight(const struct pmirror_cfg* cfg,
                                                  uint32_t* max_in_flight);
+
+/* Default PMIRROR_POLL_ADAPTIVE. */
+PMIRROR_EXPORT int pmirror_cfg_set_poll(struct pmirror_cfg* cfg, enum pmirror_poll poll);
+PMIRROR_EXPORT int pmirror_cfg_get_poll(const struct pmirror_cfg* cfg, enum pmirror_poll* poll);
 
 /* Timers, in milliseconds, each at least 1. connect: per replica, connect
  * and handshake (default 5000). operation: a replica that does not complete

@@ -64,6 +64,14 @@ enum class MethodPreference {
   kGpspm,  // always ask the target to persist (Send/Recv)
 };
 
+// How a thread waiting for a replica's completions waits (also the
+// target's session thread, from the volume's `poll` in the cluster file).
+enum class PollMode {
+  kEvent,     // sleep at once: no CPU while waiting, a wake-up per wait
+  kAdaptive,  // spin about twice as long as recent waits took (<= 1 ms), then sleep
+  kBusy,      // spin until done: lowest latency, a core per waiting thread
+};
+
 struct VolumeOptions {
   std::string name;        // the volume's name on the targets
   std::string local_path;  // the local copy: devdax, a file on fsdax, or a plain file
@@ -73,6 +81,7 @@ struct VolumeOptions {
   std::vector<ReplicaSpec> replicas;
   MethodPreference method = MethodPreference::kAuto;
   uint32_t max_in_flight = 32;  // asynchronous persists outstanding before persist_async waits
+  PollMode poll = PollMode::kAdaptive;
   std::chrono::milliseconds connect_timeout{5000};
   // How long a persist waits for a replica before calling it failed.
   std::chrono::milliseconds operation_timeout{10000};

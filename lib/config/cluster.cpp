@@ -61,9 +61,9 @@ constexpr std::string_view kNodeKeys[] = {"name",           "address",   "port",
                                           "transport",      "listen",    "state_pool",
                                           "control_socket", "log_level", "metrics"};
 constexpr std::string_view kVolumeKeys[] = {
-    "name", "size",  "primary",     "replicas",          "ack",     "on_insufficient",
-    "path", "paths", "create",      "allowed_peers",     "secret",  "secret_file",
-    "apm",  "chunk", "resync_rate", "after_split_brain", "metadata"};
+    "name", "size",  "primary",     "replicas",          "ack",      "on_insufficient",
+    "path", "paths", "create",      "allowed_peers",     "secret",   "secret_file",
+    "apm",  "chunk", "resync_rate", "after_split_brain", "metadata", "poll"};
 constexpr std::string_view kLogLevels[] = {"trace", "debug",    "info", "warn",
                                            "error", "critical", "off"};
 
@@ -883,6 +883,13 @@ class Parser {
       constexpr std::string_view kPolicies[] = {"auto", "on", "off"};
       if (auto v = one_of(*e, context + ".apm", kPolicies)) {
         volume.apm = *v == "on" ? ApmPolicy::kOn : *v == "off" ? ApmPolicy::kOff : ApmPolicy::kAuto;
+      }
+    }
+
+    if (auto* e = find(keys, "poll")) {
+      constexpr std::string_view kModes[] = {"busy", "adaptive", "event"};
+      if (auto v = one_of(*e, context + ".poll", kModes)) {
+        volume.poll = *transport::parse_poll_mode(*v);
       }
     }
 

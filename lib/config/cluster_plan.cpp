@@ -161,6 +161,7 @@ Result<DaemonConfig> daemon_config_for(const ClusterConfig& cluster, const std::
     served.apm = volume.apm;
     served.metadata_path = metadata_path_of(volume, node);
     served.chunk = volume.chunk;
+    served.poll = volume.poll;
     served.primary = volume.primary;
     served.peers = other_nodes(volume, node);
     served.configured_primary = volume.primary == node;
@@ -221,6 +222,7 @@ Result<InitiatorPlan> initiator_plan(const ClusterConfig& cluster, const std::st
   plan.metadata_path = metadata_path_of(*found, node);
   plan.chunk = found->chunk;
   plan.resync_rate = found->resync_rate;
+  plan.poll = found->poll;
   plan.after_split_brain = found->after_split_brain;
   plan.configured_primary = found->primary == node;
   return plan;

@@ -135,6 +135,9 @@ struct ClusterVolume {
   bool create = false;
   std::vector<std::string> allowed_peers;
   ApmPolicy apm = ApmPolicy::kAuto;
+  // How the primary's and the targets' threads wait for this volume's
+  // completions (`poll: busy | adaptive | event`).
+  transport::PollMode poll = transport::PollMode::kAdaptive;
   std::string secret;       // inline `secret`; empty when `secret_file` is used
   std::string secret_file;  // read by daemon_config_for / initiator_plan
   // "FILE:LINE:COL" of the secret_file value and of each node's path, for
@@ -177,6 +180,7 @@ struct VolumeConfig {
   std::vector<std::string> allowed_peers;
   std::string secret;  // resolved: from `secret` or the contents of `secret_file`
   ApmPolicy apm = ApmPolicy::kAuto;
+  transport::PollMode poll = transport::PollMode::kAdaptive;  // the session threads'
   std::string metadata_path;  // this node's copy metadata pool
   uint64_t chunk = 64 * 1024;
   std::string primary;             // the primary named in the file
@@ -240,6 +244,7 @@ struct InitiatorPlan {
   std::string metadata_path;  // the local copy's metadata pool
   uint64_t chunk = 64 * 1024;
   uint64_t resync_rate = 100ull << 20;
+  transport::PollMode poll = transport::PollMode::kAdaptive;
   SplitBrainPolicy after_split_brain = SplitBrainPolicy::kRefuse;
   // True when `node` is the primary the file names; any other node may
   // open the volume only after `pmirrorctl promote` there.

@@ -429,6 +429,37 @@ int pmirror_cfg_get_max_in_flight(const struct pmirror_cfg* cfg, uint32_t* max_i
                  [](const pmirror_cfg& c) { return c.options.max_in_flight; });
 }
 
+int pmirror_cfg_set_poll(struct pmirror_cfg* cfg, enum pmirror_poll poll) {
+  return set_cfg(cfg, [&](pmirror::VolumeOptions& o) {
+    switch (poll) {
+      case PMIRROR_POLL_ADAPTIVE:
+        o.poll = pmirror::PollMode::kAdaptive;
+        return 0;
+      case PMIRROR_POLL_EVENT:
+        o.poll = pmirror::PollMode::kEvent;
+        return 0;
+      case PMIRROR_POLL_BUSY:
+        o.poll = pmirror::PollMode::kBusy;
+        return 0;
+    }
+    return invalid("poll " + std::to_string(static_cast<int>(poll)) +
+                   " is not PMIRROR_POLL_ADAPTIVE, PMIRROR_POLL_EVENT or PMIRROR_POLL_BUSY");
+  });
+}
+int pmirror_cfg_get_poll(const struct pmirror_cfg* cfg, enum pmirror_poll* poll) {
+  return get_cfg(cfg, poll, "poll", [](const pmirror_cfg& c) {
+    switch (c.options.poll) {
+      case pmirror::PollMode::kEvent:
+        return PMIRROR_POLL_EVENT;
+      case pmirror::PollMode::kBusy:
+        return PMIRROR_POLL_BUSY;
+      case pmirror::PollMode::kAdaptive:
+        break;
+    }
+    return PMIRROR_POLL_ADAPTIVE;
+  });
+}
+
 int pmirror_cfg_set_connect_timeout(struct pmirror_cfg* cfg, uint32_t timeout_ms) {
   return set_milliseconds(cfg, &pmirror::VolumeOptions::connect_timeout, timeout_ms,
                           "connect_timeout", false);

@@ -12,6 +12,7 @@
 namespace pmirror::initiator {
 
 using ::pmirror::MethodPreference;
+using ::pmirror::PollMode;
 using ::pmirror::replica_state_name;
 using ::pmirror::ReplicaSpec;
 using ::pmirror::ReplicaState;
@@ -26,5 +27,7 @@ using ::pmirror::VolumeOptions;
 // which nothing in the public API can do; so through libpmirror's API a
 // replica reaches tcp or rdma only. kInvalidArgument otherwise.
 Result<transport::Kind> replica_transport(std::string_view name);
+// The seam's poll mode for the public one.
+transport::PollMode transport_poll_mode(PollMode mode);
 
 }  // namespace pmirror::initiator

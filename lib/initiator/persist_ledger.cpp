@@ -30,23 +30,23 @@ void PersistLedger::settle(uint64_t upto) {
   release();
 }
 
-std::deque<InFlightPersist>::const_iterator PersistLedger::find(uint64_t sequence) const {
+PersistLedger::Records::const_iterator PersistLedger::find(uint64_t sequence) const {
   return std::lower_bound(
-      persists_.begin(), persists_.end(), sequence,
+      persists_.begin() + static_cast<ptrdiff_t>(head_), persists_.end(), sequence,
       [](const InFlightPersist& persist, uint64_t wanted) { return persist.sequence < wanted; });
 }
 
-std::deque<InFlightPersist>::iterator PersistLedger::find(uint64_t sequence) {
+PersistLedger::Records::iterator PersistLedger::find(uint64_t sequence) {
   return std::lower_bound(
-      persists_.begin(), persists_.end(), sequence,
+      persists_.begin() + static_cast<ptrdiff_t>(head_), persists_.end(), sequence,
       [](const InFlightPersist& persist, uint64_t wanted) { return persist.sequence < wanted; });
 }
 
 void PersistLedger::posted(size_t replica, uint64_t sequence,
                            std::chrono::steady_clock::time_point at) {
   // Posting follows start: the persist is the newest, or close to it.
-  auto it = !persists_.empty() && persists_.back().sequence == sequence ? persists_.end() - 1
-                                                                        : find(sequence);
+  auto it =
+      size() > 0 && persists_.back().sequence == sequence ? persists_.end() - 1 : find(sequence);
   if (it == persists_.end() || it->sequence != sequence || it->pending.test(replica)) return;
   if (pending_[replica] == 0) pending_from_[replica] = sequence;
   it->pending.set(replica);
@@ -67,7 +67,8 @@ const InFlightPersist* PersistLedger::oldest_pending(size_t replica) const {
 
 std::optional<uint64_t> PersistLedger::newest_pending(size_t replica) const {
   if (pending_[replica] == 0) return std::nullopt;
-  for (auto it = persists_.rbegin(); it != persists_.rend(); ++it) {
+  const auto oldest = std::make_reverse_iterator(persists_.begin() + static_cast<ptrdiff_t>(head_));
+  for (auto it = persists_.rbegin(); it != oldest; ++it) {
     if (it->pending.test(replica)) return it->sequence;
   }
   return std::nullopt;
@@ -100,15 +101,22 @@ Result<std::chrono::steady_clock::time_point> PersistLedger::complete(size_t rep
 
 void PersistLedger::forget(size_t replica) {
   if (pending_[replica] == 0) return;
-  for (auto& persist : persists_) persist.pending.reset(replica);
+  for (auto it = find(0); it != persists_.end(); ++it) it->pending.reset(replica);
   pending_[replica] = 0;
   release();
 }
 
 void PersistLedger::release() {
-  while (!persists_.empty() && persists_.front().sequence <= settled_ &&
-         persists_.front().pending.none()) {
-    persists_.pop_front();
+  while (head_ < persists_.size() && persists_[head_].sequence <= settled_ &&
+         persists_[head_].pending.none()) {
+    ++head_;
+  }
+  if (head_ == persists_.size()) {
+    persists_.clear();
+    head_ = 0;
+  } else if (head_ >= 64 && head_ * 2 >= persists_.size()) {
+    persists_.erase(persists_.begin(), persists_.begin() + static_cast<ptrdiff_t>(head_));
+    head_ = 0;
   }
 }
 

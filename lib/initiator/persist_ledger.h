@@ -24,9 +24,9 @@
 #include <bitset>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 #include "metadata/metadata.h"
@@ -72,7 +72,7 @@ class PersistLedger {
   void for_each_unsettled(Fn&& fn) const {
     for (auto it = find(settled_ + 1); it != persists_.end(); ++it) fn(*it);
   }
-  bool has_unsettled() const { return !persists_.empty() && persists_.back().sequence > settled_; }
+  bool has_unsettled() const { return size() > 0 && persists_.back().sequence > settled_; }
   // Every persist up to `upto` is durable on every live replica that is not
   // lagging (or recorded dirty for it). A lower value than before changes
   // nothing.
@@ -95,15 +95,21 @@ class PersistLedger {
   void forget(size_t replica);
 
   // Records kept (unsettled, or pending somewhere).
-  size_t size() const { return persists_.size(); }
+  size_t size() const { return persists_.size() - head_; }
 
  private:
-  std::deque<InFlightPersist>::const_iterator find(uint64_t sequence) const;
-  std::deque<InFlightPersist>::iterator find(uint64_t sequence);
+  using Records = std::vector<InFlightPersist>;
+  Records::const_iterator find(uint64_t sequence) const;
+  Records::iterator find(uint64_t sequence);
   // Drops the oldest records while they are settled and pending nowhere.
   void release();
 
-  std::deque<InFlightPersist> persists_;  // rising sequences
+  // The records are persists_[head_, end), rising sequences. Dropping the
+  // oldest advances head_; the dead front is erased once it is half of the
+  // vector, whose capacity stays: a steady stream of persists allocates
+  // nothing (a deque would allocate and free a block every few).
+  Records persists_;
+  size_t head_ = 0;
   uint64_t next_ = 1;
   uint64_t acknowledged_ = 0;
   uint64_t settled_ = 0;

@@ -9,7 +9,9 @@ namespace pmirror::initiator {
 
 PersistPipeline::PersistPipeline(VolumeCore& core, PersistLedger& ledger, ActivityLog& activity,
                                  Peers& peers)
-    : core_(core), ledger_(ledger), activity_(activity), peers_(peers) {}
+    : core_(core), ledger_(ledger), activity_(activity), peers_(peers) {
+  pending_.reserve(kMaxReplicas);
+}
 
 Status PersistPipeline::check_range(uint64_t offset, uint64_t length) const {
   const uint64_t size = core_.local->size();
@@ -37,8 +39,11 @@ Status PersistPipeline::wait(std::unique_lock<std::mutex>& lock, uint64_t sequen
   // replica still needed without waiting, then wait a short slice on the
   // one most likely to answer first.
   constexpr auto kWaitSlice = std::chrono::milliseconds(1);
+  // A follower looks again after this even if nobody wakes it (a collector
+  // wakes it as soon as it has collected anything).
+  constexpr auto kFollowerWait = std::chrono::milliseconds(10);
   const uint32_t required = peers_.required_acks();
-  std::vector<Peer*> pending;
+  std::vector<Peer*>& pending = pending_;  // kept from wait to wait: no allocation
   while (true) {
     uint32_t acknowledged = 0;
     pending.clear();
@@ -66,12 +71,15 @@ Status PersistPipeline::wait(std::unique_lock<std::mutex>& lock, uint64_t sequen
     peers_.settle();
     if (acknowledged >= required) break;
     if (acknowledged + pending.size() >= required) {
+      if (core_.collecting) {
+        // Another waiter collects: what it collects may be ours too.
+        core_.collected.wait_for(lock, kFollowerWait);
+        continue;
+      }
       Peer* next = *std::min_element(pending.begin(), pending.end(), [](Peer* a, Peer* b) {
         return a->replica->in_flight_count() < b->replica->in_flight_count();
       });
-      if (Status polled = next->replica->poll(kWaitSlice); !polled.ok()) {
-        peers_.drop(*next, polled);
-      }
+      collect(lock, *next->replica, kWaitSlice);
       continue;
     }
     if (!core_.options.block_when_insufficient) {
@@ -87,6 +95,20 @@ Status PersistPipeline::wait(std::unique_lock<std::mutex>& lock, uint64_t sequen
   }
   ledger_.acknowledge(sequence);
   return Status::Ok();
+}
+
+void PersistPipeline::collect(std::unique_lock<std::mutex>& lock, Replica& replica,
+                              std::chrono::milliseconds timeout) {
+  // The reservation is taken before the mutex is let go: a replica dropped
+  // meanwhile is closed and destroyed only after the collector is out.
+  std::unique_lock reservation = replica.reserve_collect();
+  core_.collecting = true;
+  lock.unlock();
+  replica.collect(timeout);
+  reservation.unlock();  // the last touch of `replica`
+  lock.lock();
+  core_.collecting = false;
+  core_.collected.notify_all();
 }
 
 Status PersistPipeline::log_activity(uint64_t sequence, uint64_t offset, uint64_t length) {

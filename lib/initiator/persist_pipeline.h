@@ -11,11 +11,14 @@
 // Ownership: no state of its own beyond what it is given; the sequences and
 // the persists are the ledger's, the replicas Peers'. Called by application
 // threads with the volume mutex held (the `lock` arguments), which it
-// releases only while a blocked persist waits for replicas to come back.
+// releases while a persist waits for acknowledgements (volume_core.h: one
+// waiter collects completions without it, the others sleep) and while a
+// blocked persist waits for replicas to come back.
 #pragma once
 
 #include <cstdint>
 #include <mutex>
+#include <vector>
 
 #include "initiator/activity_log.h"
 #include "initiator/peers.h"
@@ -44,6 +47,11 @@ class PersistPipeline {
   Result<uint64_t> start_piece(std::unique_lock<std::mutex>& lock, uint64_t offset,
                                uint64_t length);
   Status log_activity(uint64_t sequence, uint64_t offset, uint64_t length);
+  // Waits up to `timeout` for completions on `replica` without the volume
+  // mutex (`lock` is let go and taken again); they are handled by the next
+  // poll. Wakes the other waiters afterwards.
+  void collect(std::unique_lock<std::mutex>& lock, Replica& replica,
+               std::chrono::milliseconds timeout);
   // Whether `sequence` is durable on an in-sync peer: it acknowledged it,
   // or the peer became in sync after the persist started and the persist
   // was not sent to it (the resync that brought it there copied the range).
@@ -53,6 +61,7 @@ class PersistPipeline {
   PersistLedger& ledger_;
   ActivityLog& activity_;
   Peers& peers_;
+  std::vector<Peer*> pending_;  // wait()'s scratch
 };
 
 }  // namespace pmirror::initiator

@@ -30,9 +30,18 @@ Replica::Replica(const Setup& setup)
                                      : setup.spec.node + " (" + setup.spec.address + ":" +
                                            std::to_string(setup.spec.port) + ")"),
       spec_(setup.spec),
-      operation_timeout_(setup.options.operation_timeout) {}
+      operation_timeout_(setup.options.operation_timeout) {
+  // One pump decodes at most a poll's worth of messages (the Messenger
+  // polls 32 completions at a time): no growth on the persist path.
+  pumped_.reserve(32);
+}
 
-Replica::~Replica() { close(); }
+Replica::~Replica() {
+  // A collector may still wait on the connection (the reaper destroys
+  // dropped sessions without the volume mutex): let it out first.
+  if (messenger_) messenger_->quiesce();
+  close();
+}
 
 Result<std::unique_ptr<Replica>> Replica::connect(const Setup& setup) {
   std::unique_ptr<Replica> replica(new Replica(setup));
@@ -48,6 +57,7 @@ Result<std::unique_ptr<Replica>> Replica::connect(const Setup& setup) {
 Status Replica::handshake(const Setup& setup) {
   transport::ConnectionOptions connection_options;
   connection_options.connect_timeout = setup.options.connect_timeout;
+  connection_options.poll_mode = transport_poll_mode(setup.options.poll);
   PMIRROR_ASSIGN_OR_RETURN(transport::Kind kind, replica_transport(spec_.transport));
   auto connection = transport::connect(kind, spec_.address, spec_.port, connection_options);
   if (!connection.ok()) return connection.status();
@@ -60,6 +70,7 @@ Status Replica::handshake(const Setup& setup) {
   hello.volume = setup.options.name;
   hello.identity = setup.options.identity;
   hello.client_nonce = *client_nonce;
+  hello.flags = protocol::kHelloCumulativeAcks;
   PMIRROR_RETURN_IF_ERROR(messenger_->send(hello));
 
   const auto timeout = setup.options.connect_timeout;
@@ -116,6 +127,8 @@ Status Replica::handshake(const Setup& setup) {
   remote_last_sequence_ = descriptor->last_sequence;
   done_upto_ = acknowledged_ = descriptor->last_sequence;
   credits_ = descriptor->recv_slots - 1;  // one slot stays free for a heartbeat
+  // Every Commit in flight takes a credit: the ring never holds more.
+  unacked_commits_.assign(std::max<uint32_t>(credits_, 1), 0);
   std::copy(descriptor->copy_uuid.begin(), descriptor->copy_uuid.end(), remote_copy_.uuid.begin());
   remote_copy_.generations.current = descriptor->data_generation;
   for (size_t i = 0;
@@ -169,8 +182,8 @@ void Replica::track_in(PersistLedger& ledger, size_t index) {
 }
 
 Status Replica::await_credit(bool may_wait) {
-  auto deadline = Clock::now() + operation_timeout_;
-  if (credits_ == 0 && !may_wait) {
+  if (credits_ > 0) return Status::Ok();
+  if (!may_wait) {
     if (Status pumped = pump(0ms); !pumped.ok()) return fail(pumped);
     if (credits_ == 0) {
       return Status(Errc::kResourceExhausted, "replica " + label_ + " has no free receive slot: " +
@@ -178,6 +191,7 @@ Status Replica::await_credit(bool may_wait) {
                                                   " persists unacknowledged");
     }
   }
+  const auto deadline = Clock::now() + operation_timeout_;
   while (credits_ == 0) {
     if (Status pumped = pump(kCreditPoll); !pumped.ok()) return fail(pumped);
     if (Clock::now() > deadline) {
@@ -188,53 +202,92 @@ Status Replica::await_credit(bool may_wait) {
   return Status::Ok();
 }
 
-Status Replica::post_write_flush(uint64_t sequence, uint64_t offset, uint64_t length,
-                                 bool may_wait) {
+namespace {
+
+// A persist's Commit or PersistRequest, filled in place in the message the
+// session keeps (its range vector keeps its capacity: no allocation) and
+// encoded for a post_list.
+template <typename Update>
+Result<transport::WorkRequest> encode_update(session::Messenger& messenger, protocol::Message& kept,
+                                             uint64_t sequence, uint64_t generation,
+                                             uint64_t offset, uint64_t length) {
+  auto& update = std::get<Update>(kept);
+  update.sequence = sequence;
+  update.generation = generation;
+  update.ranges.assign(1, protocol::Range{offset, length});
+  return messenger.encode(kept);
+}
+
+}  // namespace
+
+Status Replica::post_write_flush(uint64_t sequence, uint64_t offset, uint64_t length, bool may_wait,
+                                 Clock::time_point now) {
   const bool copy = sequence == protocol::kResyncSequence;
-  // Without may_wait a full send queue gives up at once, as long as that
-  // leaves nothing behind that would complete (see below).
-  auto post = [&](const std::function<Status()>& one) {
-    return may_wait ? post_with_retry(one) : one();
-  };
-  Status posted = post([&] {
-    return connection_->post_write(*local_region_, offset, length, remote_, offset,
-                                   kWriteTag | (sequence & kSequenceMask), /*signaled=*/false);
-  });
-  bool completes = false;  // a completion for it will come
-  bool requested = false;  // a request took a receive slot
-  if (posted.ok() && apm_) {
-    // The flush: a Read after the Writes on the same connection completes
-    // only once they are placed (durable, under APM's platform rules).
+  // The whole persist is one post_list (over rdma one doorbell): the Write,
+  // then under APM the flush -- an 8-byte Read after the Writes on the same
+  // connection completes only once they are placed (durable, under APM's
+  // platform rules) -- and the Commit carrying its bookkeeping; under GPSPM
+  // a PersistRequest instead of the Read and the Commit.
+  std::array<transport::WorkRequest, 3> list;
+  size_t count = 0;
+  list[count++] =
+      transport::WorkRequest::write(*local_region_, offset, length, remote_, offset,
+                                    kWriteTag | (sequence & kSequenceMask), /*signaled=*/false);
+  size_t completes_from = 2;  // posted requests after which a completion will come
+  bool requests = false;      // the last request takes a receive slot on the target
+  if (apm_) {
     uint64_t flush_offset = std::min(offset, remote_size_ - kFlushReadSize);
     uint64_t tag = copy ? kResyncTag : kReadTag | (sequence & kSequenceMask);
-    posted = post([&] {
-      return connection_->post_read(*flush_region_, 0, kFlushReadSize, remote_, flush_offset, tag);
-    });
-    if (posted.ok()) completes = true;
-    if (posted.ok() && !copy) {
-      protocol::Commit commit{sequence, generation_, {{offset, length}}};
-      posted = post([&] { return messenger_->send(commit); });
-      // The Commit is bookkeeping only (the target's last sequence; a later
-      // Commit carries a higher one): without room for it the persist is
-      // still durable once its Read completes.
-      if (posted.code() == Errc::kResourceExhausted && !may_wait) {
-        posted = Status::Ok();
-      } else {
-        requested = posted.ok();
-      }
+    list[count++] =
+        transport::WorkRequest::read(*flush_region_, 0, kFlushReadSize, remote_, flush_offset, tag);
+    if (!copy) {
+      PMIRROR_ASSIGN_OR_RETURN(
+          list[count], encode_update<protocol::Commit>(*messenger_, commit_message_, sequence,
+                                                       generation_, offset, length));
+      ++count;
+      requests = true;
     }
-  } else if (posted.ok()) {
-    protocol::PersistRequest request{sequence, generation_, {{offset, length}}};
-    posted = post([&] { return messenger_->send(request); });
-    completes = requested = posted.ok();
+  } else {
+    PMIRROR_ASSIGN_OR_RETURN(list[count], encode_update<protocol::PersistRequest>(
+                                              *messenger_, persist_request_message_, sequence,
+                                              generation_, offset, length));
+    ++count;
+    requests = true;
   }
-  if (!posted.ok()) {
-    if (posted.code() == Errc::kResourceExhausted && !may_wait && !completes) return posted;
-    return fail(posted);
+
+  size_t posted = 0;
+  std::optional<Clock::time_point> deadline;
+  while (true) {
+    auto took = connection_->post_list(std::span(list.data() + posted, count - posted));
+    if (!took.ok()) return fail(took.status());
+    posted += *took;
+    if (posted == count || !may_wait) break;
+    // Send queue full: let completions free it.
+    if (!deadline) deadline = Clock::now() + operation_timeout_;
+    if (Status pumped = pump(1ms); !pumped.ok()) return fail(pumped);
+    if (Clock::now() > *deadline) {
+      return fail(Status(Errc::kTimeout, "the send queue stayed full for " +
+                                             std::to_string(operation_timeout_.count()) + " ms"));
+    }
   }
-  if (requested) {
+  if (posted < completes_from) {
+    // Without may_wait: nothing of it will complete, the replica is as it
+    // was (a Write posted alone may still land: harmless, see post_persist).
+    return Status(Errc::kResourceExhausted, "replica " + label_ + ": send queue full (" +
+                                                std::to_string(in_flight_count()) +
+                                                " persists unacknowledged)");
+  }
+  // Under APM without may_wait the Commit may be left out: it is
+  // bookkeeping only (the target's last sequence; a later Commit carries a
+  // higher one), and the persist is durable once its Read completes.
+  if (requests && posted == count) {
+    messenger_->sent();
+    if (apm_) {
+      unacked_commits_[(unacked_head_ + unacked_count_) % unacked_commits_.size()] = sequence;
+      ++unacked_count_;
+    }
     --credits_;
-    last_sent_ = Clock::now();
+    last_sent_ = now;
   }
   return Status::Ok();
 }
@@ -247,8 +300,9 @@ Status Replica::post_persist(uint64_t sequence, uint64_t offset, uint64_t length
                   "replica " + label_ + " takes no persist: no ledger to track it");
   }
   PMIRROR_RETURN_IF_ERROR(await_credit(may_wait));
-  PMIRROR_RETURN_IF_ERROR(post_write_flush(sequence, offset, length, may_wait));
-  ledger_->posted(index_, sequence, Clock::now());
+  const auto now = Clock::now();  // the one clock read of a persist's posting
+  PMIRROR_RETURN_IF_ERROR(post_write_flush(sequence, offset, length, may_wait, now));
+  ledger_->posted(index_, sequence, now);
   return Status::Ok();
 }
 
@@ -286,7 +340,7 @@ uint64_t Replica::in_flight_count() const {
 Status Replica::poll(std::chrono::milliseconds timeout) {
   if (failed()) return error_;
   if (Status pumped = pump(timeout); !pumped.ok()) return fail(pumped);
-  auto now = Clock::now();
+  const auto now = pump_clock();
   const InFlightPersist* oldest = ledger_ ? ledger_->oldest_pending(index_) : nullptr;
   if (oldest != nullptr && now - oldest->posted_at[index_] > operation_timeout_) {
     return fail(Status(Errc::kTimeout,
@@ -309,13 +363,27 @@ Status Replica::poll(std::chrono::milliseconds timeout) {
   return Status::Ok();
 }
 
+Clock::time_point Replica::pump_clock() {
+  if (!pump_now_) pump_now_ = Clock::now();
+  return *pump_now_;
+}
+
 Status Replica::pump(std::chrono::milliseconds timeout) {
+  // Everything this pump handles shares one clock read (taken at the first
+  // completion or message, or by poll() after it).
+  pump_now_.reset();
+  // The vector is the member's, borrowed (a handler may pump again), so
+  // that its capacity is kept from pump to pump.
   std::vector<protocol::Message> messages;
-  PMIRROR_RETURN_IF_ERROR(messenger_->pump(
+  messages.swap(pumped_);
+  messages.clear();
+  Status status = messenger_->pump(
       timeout, messages,
-      [this](const transport::Completion& completion) { return handle_completion(completion); }));
-  for (const auto& message : messages) PMIRROR_RETURN_IF_ERROR(handle_message(message));
-  return Status::Ok();
+      [this](const transport::Completion& completion) { return handle_completion(completion); });
+  for (size_t i = 0; status.ok() && i < messages.size(); ++i) status = handle_message(messages[i]);
+  messages.clear();
+  if (messages.capacity() > pumped_.capacity()) messages.swap(pumped_);
+  return status;
 }
 
 // The oldest persist pending here is done: completions come in order.
@@ -326,7 +394,7 @@ Status Replica::complete_persist(uint64_t sequence, std::string_view what) {
   }
   PMIRROR_ASSIGN_OR_RETURN(auto posted_at, ledger_->complete(index_, sequence, what));
   done_upto_ = sequence;
-  if (persist_done_) persist_done_(Clock::now() - posted_at);
+  if (persist_done_) persist_done_(pump_clock() - posted_at);
   return Status::Ok();
 }
 
@@ -335,11 +403,13 @@ Status Replica::post_resync(uint64_t offset, uint64_t length) {
   if (resync_outstanding_) {
     return Status(Errc::kInternal, "a resync copy is already in flight to " + label_);
   }
+  if (ping_due_ && !ping_outstanding_) PMIRROR_RETURN_IF_ERROR(send_ping());
   PMIRROR_RETURN_IF_ERROR(await_credit(/*may_wait=*/true));
   resync_outstanding_ = true;
   resync_posted_ = Clock::now();
   resync_what_ = "[" + std::to_string(offset) + ", +" + std::to_string(length) + ")";
-  return post_write_flush(protocol::kResyncSequence, offset, length, /*may_wait=*/true);
+  return post_write_flush(protocol::kResyncSequence, offset, length, /*may_wait=*/true,
+                          resync_posted_);
 }
 
 Result<bool> Replica::resync_done() {
@@ -355,7 +425,7 @@ Result<bool> Replica::resync_done() {
 }
 
 Status Replica::handle_completion(const transport::Completion& completion) {
-  last_heard_ = Clock::now();
+  last_heard_ = pump_clock();
   if ((completion.wr_id & kResyncTag) != 0 && completion.opcode == transport::Opcode::kRead) {
     resync_outstanding_ = false;
     return Status::Ok();
@@ -372,9 +442,22 @@ Status Replica::handle_completion(const transport::Completion& completion) {
 }
 
 Status Replica::handle_message(const protocol::Message& message) {
-  last_heard_ = Clock::now();
+  last_heard_ = pump_clock();
   if (auto* ack = std::get_if<protocol::CommitAck>(&message)) {
-    ++credits_;
+    // Cumulative: it answers every Commit up to its sequence (the target
+    // may answer a run of them with one), each of which returns its credit.
+    uint32_t answered = 0;
+    while (unacked_count_ > 0 && unacked_commits_[unacked_head_] <= ack->sequence) {
+      unacked_head_ = (unacked_head_ + 1) % unacked_commits_.size();
+      --unacked_count_;
+      ++answered;
+    }
+    if (answered == 0) {
+      return Status(Errc::kProtocolError, "CommitAck for sequence " +
+                                              std::to_string(ack->sequence) +
+                                              ", which answers no unanswered Commit");
+    }
+    credits_ += answered;
     acknowledged_ = std::max(acknowledged_, ack->sequence);
     return Status::Ok();
   }
@@ -494,6 +577,20 @@ Status Replica::heartbeat() {
     }
     return Status::Ok();
   }
+  if (awaits_answer()) {
+    // Not behind what is outstanding: its answer proves the connection (or
+    // it times out after operation_timeout), and Soft-RoCE (rxe, Linux 6.1)
+    // can stall a queue pair for good when a Send is posted while it
+    // retransmits a Read whose response was lost. The Ping goes out before
+    // the next resync copy instead (a resync tells the target nothing else).
+    ping_due_ = true;
+    return poll(0ms);
+  }
+  return send_ping();
+}
+
+Status Replica::send_ping() {
+  ping_due_ = false;
   ping_outstanding_ = true;
   ping_sent_ = Clock::now();
   ++ping_token_;

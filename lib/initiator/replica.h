@@ -13,6 +13,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,6 +43,10 @@ class Replica {
   const std::string& label() const { return label_; }
   uint64_t last_sequence() const { return remote_last_sequence_; }
   bool failed() const { return state_ != ReplicaState::kConnected; }
+  // A persist, resync copy or generation update waits for its answer.
+  bool awaits_answer() const {
+    return in_flight_count() > 0 || resync_outstanding_ || generation_ack_outstanding_;
+  }
   const Status& error() const { return error_; }
   uint64_t done_upto() const { return done_upto_; }
   // Records the persists posted here in `ledger` as replica `index`. A
@@ -67,6 +72,12 @@ class Replica {
   // unanswered for operation_timeout. The progress check that catches a
   // replica which stops answering without closing its connection.
   Status poll(std::chrono::milliseconds timeout);
+  // Waiting for completions without the volume mutex (session.h,
+  // "Collecting"): reserve with the mutex held, let it go, collect, release
+  // the reservation, take the mutex again; the next poll handles what was
+  // collected. Only the reservation's holder may touch the replica between.
+  std::unique_lock<std::mutex> reserve_collect() { return messenger_->reserve_collect(); }
+  void collect(std::chrono::milliseconds timeout) { messenger_->collect(timeout); }
   // Never blocks: collects a pong if one arrived, fails the replica if the
   // last ping has gone unanswered for operation_timeout, otherwise sends a
   // new ping when none is outstanding.
@@ -128,8 +139,11 @@ class Replica {
   Replica(const Setup& setup);
   Status handshake(const Setup& setup);
   Status fail(Status why);
+  Status send_ping();  // heartbeat()'s Ping, now or when it fell due
   // Processes completions for up to `timeout`.
   Status pump(std::chrono::milliseconds timeout);
+  // The time for what the current pump handles: read once per pump.
+  std::chrono::steady_clock::time_point pump_clock();
   Status handle_message(const protocol::Message& message);
   Status handle_completion(const transport::Completion& completion);
   Status complete_persist(uint64_t sequence, std::string_view what);
@@ -144,7 +158,9 @@ class Replica {
   // retry while the send queue is full; without, kResourceExhausted when
   // nothing of it will complete (the replica is unchanged), the replica
   // failed on any other error. The one place that posts data.
-  Status post_write_flush(uint64_t sequence, uint64_t offset, uint64_t length, bool may_wait);
+  // `now`: when it is posted (the caller's one clock read).
+  Status post_write_flush(uint64_t sequence, uint64_t offset, uint64_t length, bool may_wait,
+                          std::chrono::steady_clock::time_point now);
   // Retries a post while the send queue is full.
   Status post_with_retry(const std::function<Status()>& post);
 
@@ -164,6 +180,11 @@ class Replica {
   uint64_t generation_ = 0;
   uint64_t remote_last_sequence_ = 0;
   uint32_t credits_ = 0;
+  // The sequences of the Commits not answered yet, oldest first (a ring of
+  // as many as there are credits): a CommitAck answers those up to its own.
+  std::vector<uint64_t> unacked_commits_;
+  size_t unacked_head_ = 0;
+  size_t unacked_count_ = 0;
   PersistLedger* ledger_ = nullptr;  // where the persists posted here are recorded
   size_t index_ = 0;                 // this replica's index in the ledger
   uint64_t done_upto_ = 0;
@@ -173,6 +194,7 @@ class Replica {
   uint64_t acknowledged_ = 0;
   uint64_t ping_token_ = 0;
   bool ping_outstanding_ = false;
+  bool ping_due_ = false;  // deferred while an answer was awaited (heartbeat())
   std::chrono::steady_clock::time_point ping_sent_{};
   bool resync_outstanding_ = false;
   std::chrono::steady_clock::time_point resync_posted_{};
@@ -181,6 +203,11 @@ class Replica {
   std::chrono::steady_clock::time_point generation_posted_{};
   std::pair<uint64_t, bool> generation_update_{};  // (generation, consistent) in flight
   std::optional<protocol::VerifyReply> verify_reply_;
+  // Reused from persist to persist, so that posting one allocates nothing.
+  protocol::Message commit_message_{protocol::Commit{}};
+  protocol::Message persist_request_message_{protocol::PersistRequest{}};
+  std::vector<protocol::Message> pumped_;
+  std::optional<std::chrono::steady_clock::time_point> pump_now_;  // see pump_clock()
   RemoteCopy remote_copy_;
   bool remote_unclean_ = false;
   uint64_t remote_activity_extent_size_ = 0;

@@ -8,4 +8,16 @@ Result<transport::Kind> replica_transport(std::string_view name) {
   return transport::kind_for_name(name);
 }
 
+transport::PollMode transport_poll_mode(PollMode mode) {
+  switch (mode) {
+    case PollMode::kEvent:
+      return transport::PollMode::kEvent;
+    case PollMode::kBusy:
+      return transport::PollMode::kBusy;
+    case PollMode::kAdaptive:
+      break;
+  }
+  return transport::PollMode::kAdaptive;
+}
+
 }  // namespace pmirror::initiator

@@ -228,6 +228,17 @@ Result<std::unique_ptr<Volume>> Volume::open_from_config(const std::string& conf
   options.metadata_path = plan.metadata_path;
   options.chunk_size = plan.chunk;
   options.resync_rate = plan.resync_rate;
+  switch (plan.poll) {
+    case transport::PollMode::kEvent:
+      options.poll = PollMode::kEvent;
+      break;
+    case transport::PollMode::kBusy:
+      options.poll = PollMode::kBusy;
+      break;
+    case transport::PollMode::kAdaptive:
+      options.poll = PollMode::kAdaptive;
+      break;
+  }
   options.block_when_insufficient = plan.on_insufficient == config::InsufficientPolicy::kBlock;
   options.overwrite_split_brain =
       plan.after_split_brain == config::SplitBrainPolicy::kOverwriteReplica;

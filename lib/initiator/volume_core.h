@@ -7,10 +7,13 @@
 // Verifier) keeps its state in its own members and documents them as
 // guarded by it; every call into a piece that touches that state is made
 // with it held, by the application's thread (persist, wait, status, verify,
-// resync) or the supervisor thread (one peer at a time). The mutex is held
-// across network waits (a persist waiting for its acknowledgements, a
-// verify batch): that is today's behaviour, kept on purpose -- issue 11
-// replaces it with per-replica lanes and completion-driven waiting.
+// resync) or the supervisor thread (one peer at a time). A persist waiting
+// for its acknowledgements does not hold it across the network wait: one
+// waiter at a time (the collector, `collecting`) waits on one replica's
+// connection without it, the others sleep on `collected` -- so that
+// application threads post their persists meanwhile and one wait serves
+// them all (group commit). The mutex is still held across the other,
+// rarer network waits (a verify batch, a full send queue, a close).
 // Objects with their own lock: CopyMetadata, the peers' PeerStateMachine
 // and LatencyWindow, SupervisorWakeup below, and the SessionReaper, which
 // destroys dropped sessions without the mutex (a teardown may block).
@@ -67,6 +70,11 @@ struct VolumeCore {
   // Notified, with `mutex`, when a replica becomes in sync or stops being
   // in sync (blocked persists and open() wait on it).
   std::condition_variable sync_changed;
+  // Whether a waiting persist collects completions without the mutex (at
+  // most one at a time), and notified, with `mutex`, when it has collected
+  // some: the other waiters then look at what arrived.
+  bool collecting = false;
+  std::condition_variable collected;
   // Application threads waiting for `mutex`: the supervisor and verify let
   // them in between their steps rather than taking the mutex straight back.
   std::atomic<int> app_waiting{0};

@@ -279,8 +279,10 @@ class Converter {
     // "identity@address:port": labelled by identity, since the port changes
     // with every connection and would make a new series each time. Ended
     // sessions are left out, and of several sessions of one identity (one
-    // that reconnected before the old one was reaped) the newest is kept,
-    // so `pmirror_peer_connected == 0` means a writer that is down now.
+    // that reconnected before the old one was reaped) a connected one is
+    // kept, else the newest: the old session's teardown may change its
+    // state after the new one connected. So `pmirror_peer_connected == 0`
+    // means a writer that is down now.
     const bool sessions = role == "replica";
     std::map<std::string, size_t> newest;  // identity -> index (sessions only)
     if (sessions) {
@@ -291,7 +293,7 @@ class Converter {
         if (name == p.end() || !name->is_string()) continue;
         std::string identity = writer_identity(name->get<std::string>());
         auto [at, inserted] = newest.emplace(identity, i);
-        if (!inserted && since_of((*peers)[at->second]) <= since_of(p)) at->second = i;
+        if (!inserted && supersedes(p, (*peers)[at->second])) at->second = i;
       }
     }
     std::set<std::string> seen;
@@ -324,6 +326,14 @@ class Converter {
   // "app1@10.0.0.1:53422" -> "app1"; a name without '@' as it is.
   static std::string writer_identity(const std::string& session_name) {
     return session_name.substr(0, session_name.rfind('@'));
+  }
+  // Whether session `a` stands for its writer rather than `b`: connected
+  // first, then the later state change.
+  static bool supersedes(const json& a, const json& b) {
+    const bool a_up = a.value("state", json()) == "connected";
+    const bool b_up = b.value("state", json()) == "connected";
+    if (a_up != b_up) return a_up;
+    return since_of(b) <= since_of(a);
   }
   // RFC 3339 in UTC with a fixed number of digits sorts as text.
   static std::string since_of(const json& p) {

@@ -263,6 +263,16 @@ int c_api_cfg_rejects_bad_values(char* error, size_t error_size) {
   EXPECT_RC(pmirror_cfg_set_method(cfg, PMIRROR_METHOD_GPSPM), 0);
   EXPECT_RC(pmirror_cfg_get_method(cfg, &method), 0);
   EXPECT_TRUE(method == PMIRROR_METHOD_GPSPM);
+  enum pmirror_poll poll = PMIRROR_POLL_BUSY;
+  EXPECT_RC(pmirror_cfg_get_poll(cfg, &poll), 0);
+  EXPECT_TRUE(poll == PMIRROR_POLL_ADAPTIVE); /* the default */
+  EXPECT_INVALID(pmirror_cfg_set_poll(cfg, (enum pmirror_poll)3), "poll");
+  EXPECT_RC(pmirror_cfg_set_poll(cfg, PMIRROR_POLL_BUSY), 0);
+  EXPECT_RC(pmirror_cfg_get_poll(cfg, &poll), 0);
+  EXPECT_TRUE(poll == PMIRROR_POLL_BUSY);
+  EXPECT_RC(pmirror_cfg_set_poll(cfg, PMIRROR_POLL_EVENT), 0);
+  EXPECT_RC(pmirror_cfg_get_poll(cfg, &poll), 0);
+  EXPECT_TRUE(poll == PMIRROR_POLL_EVENT);
 
   /* Replicas: tcp or rdma only -- never the tests' in-process fake. */
   EXPECT_INVALID(pmirror_cfg_add_replica(cfg, NULL, 7450, "tcp", "s", NULL), "address");

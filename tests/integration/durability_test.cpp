@@ -247,6 +247,18 @@ TEST_F(DurabilityTest, WithTwoReplicasTheFailingOneIsCountedOutAndPersistsGoOn) 
     sequence_of.push_back(write_record(volume, "vol", i, &why));
     ASSERT_NE(sequence_of.back(), 0u) << "record " << i << ": " << why.to_string();
   }
+  // The premise is a healthy second replica: with ack 1 the first 40
+  // persists may finish while target1's initial full sync still runs, and a
+  // persist that then loses target0 has no replica to count (it fails, as
+  // on_insufficient says). Wait until target1 is in sync.
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto now = volume.replicas();
+        return now.size() == 2 && now[0].state == ReplicaState::kConnected &&
+               now[1].state == ReplicaState::kConnected;
+      },
+      30s))
+      << volume.status_json();
   start_failing();
   for (uint64_t i = 40; i < 120; ++i) {
     sequence_of.push_back(write_record(volume, "vol", i, &why));

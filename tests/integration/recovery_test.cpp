@@ -1087,6 +1087,19 @@ std::set<std::string> alerting_volumes(const std::string& scrape, const std::str
   return volumes;
 }
 
+// A scrape of `port` once `settled` holds for it, or the last one after 20 s:
+// what the daemon reports of the writers on its node may trail their state by
+// a moment on a busy machine (a session ending, a replica found gone).
+std::string scrape_once_settled(uint16_t port,
+                                const std::function<bool(const std::string&)>& settled) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (true) {
+    std::string text = testing::scrape(port);
+    if (settled(text) || std::chrono::steady_clock::now() > deadline) return text;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 // One endpoint per node shows both sides: the copies its pmirrord serves
 // (role replica, writers labelled by identity, ended sessions gone) and the
 // volumes that applications on the node have open (role primary, from their
@@ -1121,7 +1134,11 @@ TEST_F(RecoveryTest, MetricsShowBothSidesAndTheAlertsFireOnlyForTheDegradedVolum
   ASSERT_TRUE(w_opened.ok()) << w_opened.status().to_string() << cluster_->logs();
   ASSERT_TRUE(wait_in_sync(**w_opened, "n1")) << diag(**w_opened);
 
-  std::string healthy = testing::scrape(metrics_port);
+  std::string healthy = scrape_once_settled(metrics_port, [](const std::string& text) {
+    auto up = testing::samples(text, "pmirror_peer_connected");
+    return up.size() == 5 &&
+           std::all_of(up.begin(), up.end(), [](const auto& s) { return s.second == 1.0; });
+  });
   ASSERT_NE(healthy.find("\npmirror_up 1"), std::string::npos) << healthy;
   auto connected = testing::samples(healthy, "pmirror_peer_connected");
   for (const char* series :
@@ -1144,9 +1161,14 @@ TEST_F(RecoveryTest, MetricsShowBothSidesAndTheAlertsFireOnlyForTheDegradedVolum
   ASSERT_TRUE(wait_state(**v, "n2", {"disconnected", "connecting"})) << diag(**v);
   ASSERT_TRUE(write_records(**v, layout, 51, 80, 1).ok()) << diag(**v);  // dirty for n2
   ASSERT_TRUE(write_records(**w_opened, layout, 51, 80, 1).ok()) << diag(**w_opened);
-  std::string degraded = testing::scrape(metrics_port);
-  ASSERT_NE(degraded.find("\npmirror_up 1"), std::string::npos) << degraded;
   using Volumes = std::set<std::string>;
+  std::string degraded = scrape_once_settled(metrics_port, [](const std::string& text) {
+    auto down = [](double x) { return x == 0; };
+    auto dirty = [](double x) { return x > 0; };
+    return alerting_volumes(text, "pmirror_peer_connected", "primary", down) == Volumes{"v"} &&
+           alerting_volumes(text, "pmirror_peer_dirty_bytes", "primary", dirty) == Volumes{"v"};
+  });
+  ASSERT_NE(degraded.find("\npmirror_up 1"), std::string::npos) << degraded;
   EXPECT_EQ(alerting_volumes(degraded, "pmirror_peer_connected", "primary",
                              [](double x) { return x == 0; }),
             Volumes{"v"})

@@ -146,6 +146,7 @@ std::string full_config(const std::string& secret_file) {
          secret_file +
          "\n"
          "    apm: on\n"
+         "    poll: busy\n"
          "    chunk: 16KiB\n"
          "    resync_rate: 200MiB/s\n"
          "    after_split_brain: overwrite_replica\n"
@@ -217,6 +218,7 @@ TEST(ClusterConfigTest, FullConfigParsesToTheExpectedStructs) {
   EXPECT_EQ(db0.secret_file, secret_file);
   EXPECT_EQ(db0.secret_file_at, "full.yaml:30:18");
   EXPECT_EQ(db0.apm, ApmPolicy::kOn);
+  EXPECT_EQ(db0.poll, transport::PollMode::kBusy);
   EXPECT_EQ(db0.chunk, 16u << 10);
   EXPECT_EQ(db0.resync_rate, 200u << 20);
   EXPECT_EQ(db0.after_split_brain, SplitBrainPolicy::kOverwriteReplica);
@@ -233,6 +235,7 @@ TEST(ClusterConfigTest, FullConfigParsesToTheExpectedStructs) {
   EXPECT_TRUE(log0.create);
   EXPECT_EQ(log0.secret, kSecret);
   EXPECT_EQ(log0.apm, ApmPolicy::kOff);
+  EXPECT_EQ(log0.poll, transport::PollMode::kAdaptive);  // the default
   EXPECT_EQ(log0.chunk, 64u << 10);
   EXPECT_EQ(log0.resync_rate, 0u);  // unlimited
   EXPECT_EQ(log0.after_split_brain, SplitBrainPolicy::kRefuse);
@@ -323,6 +326,8 @@ TEST(ClusterConfigTest, DaemonConfigForEachNode) {
   EXPECT_TRUE(node3->volumes[1].create);
   EXPECT_EQ(node3->volumes[1].secret, kSecret);
   EXPECT_EQ(node3->volumes[1].apm, ApmPolicy::kOff);
+  EXPECT_EQ(node3->volumes[0].poll, transport::PollMode::kBusy);
+  EXPECT_EQ(node3->volumes[1].poll, transport::PollMode::kAdaptive);
   EXPECT_EQ(node3->volumes[1].peers, (std::vector<std::string>{"node2"}));
   EXPECT_EQ(node3->volumes[0].peers, (std::vector<std::string>{"node1", "node2"}));
 
@@ -374,6 +379,7 @@ TEST(ClusterConfigTest, InitiatorPlanForEveryCopy) {
   EXPECT_EQ(plan->allowed_peers, (std::vector<std::string>{"app1", "app2"}));
   EXPECT_EQ(plan->ack, 1u);
   EXPECT_EQ(plan->on_insufficient, InsufficientPolicy::kBlock);
+  EXPECT_EQ(plan->poll, transport::PollMode::kBusy);
   EXPECT_EQ(plan->heartbeat_interval, milliseconds(500));
   EXPECT_EQ(plan->heartbeat_timeout, milliseconds(3000));
   EXPECT_EQ(plan->reconnect_initial, milliseconds(100));
@@ -637,6 +643,8 @@ std::vector<BadConfig> bad_configs() {
        "<config>:10:11 (volume v))"},
       {"create yes", with_volume({}, "    create: yes\n"), 13, "expected true or false, got 'yes'"},
       {"bad apm", with_volume({}, "    apm: maybe\n"), 13, "'maybe' is not one of auto, on, off"},
+      {"bad poll", with_volume({}, "    poll: spin\n"), 13,
+       "'spin' is not one of busy, adaptive, event"},
       {"missing allowed_peers", with_volume({{"allowed_peers", ""}}), 6,
        "missing required key 'allowed_peers'"},
       {"allowed_peers empty", with_volume({{"allowed_peers", "[]"}}), 11,

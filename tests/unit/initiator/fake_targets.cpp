@@ -157,9 +157,9 @@ void FakeTargetsTest::scribble_on_target(size_t i, uint64_t offset, std::byte va
   ::close(fd);
 }
 
-void FakeTargetsTest::open_volume(size_t replicas,
-                                  const std::function<void(VolumeOptions&)>& tweak) {
-  start_targets(replicas);
+void FakeTargetsTest::open_volume(size_t replicas, const std::function<void(VolumeOptions&)>& tweak,
+                                  config::ApmPolicy apm) {
+  start_targets(replicas, apm);
   VolumeOptions o = options();
   if (tweak) tweak(o);
   volume_ = make_volume(o);

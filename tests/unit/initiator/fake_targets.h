@@ -41,7 +41,8 @@ class FakeTargetsTest : public ::testing::Test {
   // Starts `replicas` targets, builds volume_ with options() changed by
   // `tweak`, adds the peers, connects each and begins its session, as
   // open() does (without waiting for any resync).
-  void open_volume(size_t replicas, const std::function<void(VolumeOptions&)>& tweak = {});
+  void open_volume(size_t replicas, const std::function<void(VolumeOptions&)>& tweak = {},
+                   config::ApmPolicy apm = config::ApmPolicy::kOn);
   Peer& peer_at(size_t i) { return *volume_->peers.all()[i]; }
   // Runs supervisor passes until `done` (called with the volume mutex
   // held) is true, or 20 s passed (false).

@@ -56,6 +56,19 @@ class ReplicaTest : public FakeTargetsTest {
     return posted;
   }
 
+  // Polls the resync copy in flight until it is done (true), fails, or 5 s
+  // passed.
+  bool resync_finishes() {
+    for (int i = 0; i < 5000; ++i) {
+      auto polled = replica_->resync_done();
+      EXPECT_TRUE(polled.ok()) << polled.status().to_string();
+      if (!polled.ok()) return false;
+      if (*polled) return true;
+      std::this_thread::sleep_for(1ms);
+    }
+    return false;
+  }
+
   // A resync copy: its Write and its flush (a Read, or a PersistRequest of
   // sequence 0), through the routine persists use; no bookkeeping.
   void copy_and_check() {
@@ -64,14 +77,7 @@ class ReplicaTest : public FakeTargetsTest {
     ASSERT_TRUE(replica_->post_resync(65536, 8192).ok());
     EXPECT_EQ(fabric().executed("initiator") - before, 2u);
     EXPECT_EQ(replica_->post_resync(0, 4096).code(), Errc::kInternal) << "one at a time";
-    bool done = false;
-    for (int i = 0; i < 5000 && !done; ++i) {
-      auto polled = replica_->resync_done();
-      ASSERT_TRUE(polled.ok()) << polled.status().to_string();
-      done = *polled;
-      if (!done) std::this_thread::sleep_for(1ms);
-    }
-    EXPECT_TRUE(done);
+    EXPECT_TRUE(resync_finishes());
     EXPECT_TRUE(target_holds(65536, 8192, std::byte{0x77}));
     EXPECT_EQ(ledger_.size(), 0u) << "a resync copy is not a persist";
     EXPECT_EQ(replica_->done_upto(), 0u);
@@ -151,6 +157,38 @@ TEST_F(ReplicaTest, WithoutWaitingAFullTargetRefusesAndNothingIsPosted) {
   ASSERT_TRUE(replica_->post_persist(sequence, 1 << 19, 64, /*may_wait=*/true).ok());
   ASSERT_TRUE(replica_->wait_for(sequence).ok());
   EXPECT_TRUE(target_holds(1 << 19, 64, std::byte{2}));
+}
+
+// A heartbeat never queues a Ping behind an outstanding operation (Soft-RoCE
+// can stall a queue pair when a Send follows a Read it is retransmitting):
+// the persist's own answer shows the connection alive; a Ping that fell due
+// meanwhile goes out before the next resync copy, where nothing is
+// outstanding, so that a long resync (one-sided work the target does not
+// see) still tells the target the session is alive.
+TEST_F(ReplicaTest, AHeartbeatWaitsUntilNothingIsOutstanding) {
+  open(config::ApmPolicy::kOn);
+  fabric().set_manual(true);
+  uint64_t sequence = store(4096, 128, std::byte{0x21});
+  ASSERT_TRUE(replica_->post_persist(sequence, 4096, 128).ok());
+  const size_t queued = fabric().pending();
+  EXPECT_EQ(queued, 3u) << "Write, flush Read, Commit";
+  ASSERT_TRUE(replica_->heartbeat().ok());
+  EXPECT_EQ(fabric().pending(), queued) << "no Ping behind the outstanding persist";
+
+  fabric().set_manual(false);
+  fabric().run_until_idle();
+  ASSERT_TRUE(replica_->wait_for(sequence).ok());
+  EXPECT_TRUE(target_holds(4096, 128, std::byte{0x21}));
+
+  // Nothing outstanding now: the due Ping leads the next resync copy.
+  std::memset(core_->local->data() + 65536, 0x44, 4096);
+  fabric().set_manual(true);
+  ASSERT_TRUE(replica_->post_resync(65536, 4096).ok());
+  EXPECT_EQ(fabric().pending(), 3u) << "the due Ping, then the copy's Write and Read";
+  fabric().set_manual(false);
+  fabric().run_until_idle();
+  EXPECT_TRUE(resync_finishes());
+  EXPECT_TRUE(target_holds(65536, 4096, std::byte{0x44}));
 }
 
 TEST_F(ReplicaTest, WaitingForACreditGivesUpAfterTheOperationTimeout) {

@@ -353,7 +353,7 @@ TEST(MetricsTest, AFailedReplicaVolumeIsExported) {
 
 // A replica's writers are labelled by identity (never by their ephemeral
 // port); ended sessions are not exported, and of two live sessions of one
-// writer the newer is.
+// writer the connected one is, else the newer.
 TEST(MetricsTest, AReplicasWritersAreLabelledByIdentityAndEndedSessionsLeave) {
   json session = {
       {"name", "app1@10.0.0.1:40000"}, {"address", "10.0.0.1:40000"},     {"transport", "tcp"},
@@ -385,6 +385,14 @@ TEST(MetricsTest, AReplicasWritersAreLabelledByIdentityAndEndedSessionsLeave) {
   // Re-ordered, the newest still wins.
   snapshot["volumes"][0]["peers"] = json::array({session, older});
   EXPECT_EQ(value(parse(render_text(snapshot)), "pmirror_persists_total", app1), 10);
+  // The old session's teardown came after the reconnect (its state changed
+  // later): the connected session still stands for the writer (CI once saw
+  // a reconnected writer exported as down).
+  older["since"] = "2026-12-02T11:00:00Z";
+  snapshot["volumes"][0]["peers"] = json::array({older, session});
+  auto late = parse(render_text(snapshot));
+  EXPECT_EQ(value(late, "pmirror_peer_connected", app1), 1);
+  EXPECT_EQ(value(late, "pmirror_persists_total", app1), 10);
 }
 
 // Labels come from status, which may carry bytes a peer chose: the scrape

@@ -1,0 +1,113 @@
+// What a persist costs the application's thread in steady state: no heap
+// allocation (issue 11). This binary replaces operator new to count the
+// allocations made by the test's own thread while counting is on, except
+// those of the fake fabric's own code (transport::fake::in_fabric_code():
+// it simulates the NIC and the media, which a real NIC does without
+// touching the application's heap). The targets run on threads of their
+// own and are not counted either: they are another process in production.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "initiator/persist_pipeline.h"
+#include "transport/fake/fake_fabric.h"
+#include "unit/initiator/fake_targets.h"
+
+namespace {
+
+thread_local bool counting = false;
+std::atomic<uint64_t> allocations{0};
+
+void* counted_alloc(std::size_t size, std::size_t alignment) {
+  if (counting && !pmirror::transport::fake::in_fabric_code()) ++allocations;
+  if (size == 0) size = 1;
+  void* p = alignment <= alignof(std::max_align_t)
+                ? std::malloc(size)
+                : std::aligned_alloc(alignment, (size + alignment - 1) / alignment * alignment);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+
+}  // namespace
+
+void* operator new(std::size_t size) { return counted_alloc(size, 0); }
+void* operator new[](std::size_t size) { return counted_alloc(size, 0); }
+void* operator new(std::size_t size, std::align_val_t al) {
+  return counted_alloc(size, static_cast<std::size_t>(al));
+}
+void* operator new[](std::size_t size, std::align_val_t al) {
+  return counted_alloc(size, static_cast<std::size_t>(al));
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+namespace pmirror::initiator {
+namespace {
+
+using testing::FakeTargetsTest;
+
+class HotPathTest : public FakeTargetsTest,
+                    public ::testing::WithParamInterface<config::ApmPolicy> {
+ protected:
+  // Persists `count` times, `length` bytes each at rotating offsets of the
+  // first 64 KiB, each with new bytes; returns the allocations made by this
+  // thread meanwhile (with `count_them`).
+  uint64_t persist_many(int count, uint64_t length, bool count_them) {
+    allocations = 0;
+    counting = count_them;
+    for (int i = 0; i < count; ++i) {
+      const uint64_t offset = (uint64_t(i) * 4096) % (64 * 1024);
+      std::memset(volume_->core.local->data() + offset, (round_ + i) & 0xff, length);
+      Status persisted = persist(offset, length);
+      if (!persisted.ok()) {
+        counting = false;
+        ADD_FAILURE() << "persist " << i << ": " << persisted.to_string();
+        return UINT64_MAX;
+      }
+    }
+    counting = false;
+    round_ += count;
+    return allocations.load();
+  }
+
+  int round_ = 1;
+};
+
+TEST_P(HotPathTest, ThousandPersistsToTwoReplicasAllocateNothing) {
+  open_volume(2, {}, GetParam());
+  ASSERT_TRUE(all_in_sync());
+  for (uint64_t length : {uint64_t{64}, uint64_t{4096}}) {
+    // Warm-up: the reused buffers grow to what a persist needs.
+    ASSERT_NE(persist_many(200, length, false), UINT64_MAX);
+    EXPECT_EQ(persist_many(1000, length, true), 0u)
+        << "heap allocations by the application's thread across 1000 persists of " << length
+        << " bytes";
+    // And the persists arrived: the replicas hold the last round's bytes.
+    auto local = std::vector<std::byte>(volume_->core.local->data(),
+                                        volume_->core.local->data() + 64 * 1024);
+    for (size_t i = 0; i < 2; ++i) {
+      auto bytes = target_bytes(i);
+      ASSERT_GE(bytes.size(), local.size());
+      EXPECT_EQ(0, std::memcmp(bytes.data(), local.data(), local.size())) << "replica " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Flush, HotPathTest,
+                         ::testing::Values(config::ApmPolicy::kOn, config::ApmPolicy::kOff),
+                         [](const auto& info) {
+                           return info.param == config::ApmPolicy::kOn ? std::string("Apm")
+                                                                       : std::string("Gpspm");
+                         });
+
+}  // namespace
+}  // namespace pmirror::initiator
