@@ -35,6 +35,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -278,11 +279,13 @@ std::string slurp(const std::string& path) {
 // volume file in its own folder.
 class SpawnedTarget {
  public:
-  SpawnedTarget(std::string daemon, std::string dir, std::string address, std::string transport)
+  SpawnedTarget(std::string daemon, std::string dir, std::string address, std::string transport,
+                std::string poll)
       : daemon_(std::move(daemon)),
         dir_(std::move(dir)),
         address_(std::move(address)),
-        transport_(std::move(transport)) {}
+        transport_(std::move(transport)),
+        poll_(std::move(poll)) {}
   ~SpawnedTarget() { stop(); }
   SpawnedTarget(const SpawnedTarget&) = delete;
   SpawnedTarget& operator=(const SpawnedTarget&) = delete;
@@ -322,7 +325,8 @@ class SpawnedTarget {
           << "    size: " << size << "\n"
           << "    create: true\n"
           << "    allowed_peers: [" << identity << "]\n"
-          << "    secret: \"" << secret << "\"\n";
+          << "    secret: \"" << secret << "\"\n"
+          << "    poll: " << poll_ << "\n";
       if (!out) return Status(Errc::kIoError, "cannot write " + config);
     }
     pid_t parent = ::getpid();
@@ -382,6 +386,7 @@ class SpawnedTarget {
   std::string dir_;
   std::string address_;
   std::string transport_;
+  std::string poll_;  // the volume's `poll`
   std::string log_;
   uint16_t port_ = 0;
   pid_t pid_ = -1;
@@ -396,6 +401,7 @@ struct Cell {
   uint64_t iterations = 0;
   Summary latency;
   double seconds = 0;
+  uint32_t writers = 1;
   double persists_per_second() const { return seconds > 0 ? latency.count / seconds : 0; }
   double mib_per_second() const {
     return persists_per_second() * static_cast<double>(size) / (1024.0 * 1024.0);
@@ -414,27 +420,32 @@ void stamp(std::byte* record, uint64_t size, uint64_t value) {
   if (size >= 16) std::memcpy(record + size - 8, &value, 8);
 }
 
-// Runs `warmup` then `iterations` persists of `size` bytes at depth `depth`.
+// Runs `warmup` then `iterations` persists of `size` bytes at depth `depth`,
+// from `writers` threads at once (each its own records, iterations/writers
+// persists each): the persists/s is the sum, the latency summary all of
+// theirs.
 Result<Cell> run_cell(Volume& volume, size_t replicas, uint64_t size, uint32_t depth,
-                      uint64_t warmup, uint64_t iterations, uint64_t& counter) {
+                      uint32_t writers, uint64_t warmup, uint64_t iterations, uint64_t& counter) {
   const uint64_t slots = volume.size() / size;
   std::byte* base = volume.data();
-  auto next_offset = [&] { return (counter++ % slots) * size; };
-  std::vector<double> samples;
-  samples.reserve(iterations);
+  const uint64_t first = counter;
   Cell cell{size, replicas, depth, iterations, {}, 0};
+  cell.writers = writers;
 
-  auto run_phase = [&](uint64_t n, bool record) -> Status {
+  // Writer w's k-th persist goes to slot first + w + writers * k.
+  auto run_phase = [&](uint32_t w, uint64_t& k, uint64_t n,
+                       std::vector<double>* samples) -> Status {
+    auto next_offset = [&] { return ((first + w + uint64_t{writers} * k++) % slots) * size; };
     if (depth == 1) {
       for (uint64_t i = 0; i < n; ++i) {
         if (g_interrupted) return Status(Errc::kClosed, "interrupted");
         uint64_t offset = next_offset();
-        stamp(base + offset, size, counter);
+        stamp(base + offset, size, first + k);
         auto t0 = Clock::now();
         Status persisted = volume.persist(offset, size);
         auto t1 = Clock::now();
         if (!persisted.ok()) return persisted;
-        if (record) samples.push_back(micros(t1 - t0));
+        if (samples != nullptr) samples->push_back(micros(t1 - t0));
       }
       return Status::Ok();
     }
@@ -447,7 +458,7 @@ Result<Cell> run_cell(Volume& volume, size_t replicas, uint64_t size, uint32_t d
       Status waited = volume.wait(window.front().sequence);
       auto now = Clock::now();
       if (!waited.ok()) return waited;
-      if (record) samples.push_back(micros(now - window.front().started));
+      if (samples != nullptr) samples->push_back(micros(now - window.front().started));
       window.pop_front();
       return Status::Ok();
     };
@@ -455,7 +466,7 @@ Result<Cell> run_cell(Volume& volume, size_t replicas, uint64_t size, uint32_t d
       if (g_interrupted) return Status(Errc::kClosed, "interrupted");
       if (window.size() == depth) PMIRROR_RETURN_IF_ERROR(retire_oldest());
       uint64_t offset = next_offset();
-      stamp(base + offset, size, counter);
+      stamp(base + offset, size, first + k);
       auto t0 = Clock::now();
       auto sequence = volume.persist_async(offset, size);
       if (!sequence.ok()) return sequence.status();
@@ -465,11 +476,35 @@ Result<Cell> run_cell(Volume& volume, size_t replicas, uint64_t size, uint32_t d
     return Status::Ok();
   };
 
-  PMIRROR_RETURN_IF_ERROR(run_phase(warmup, false));
-  auto started = Clock::now();
-  PMIRROR_RETURN_IF_ERROR(run_phase(iterations, true));
+  const uint64_t per_writer = std::max<uint64_t>(1, iterations / writers);
+  std::vector<std::vector<double>> samples(writers);
+  std::vector<Status> results(writers);
+  std::vector<uint64_t> next(writers, 0);
+  for (auto& v : samples) v.reserve(per_writer);
+  // Every writer warms up, then all start measuring together.
+  Clock::time_point started;
+  std::barrier start_line(writers, [&]() noexcept { started = Clock::now(); });
+  auto writer = [&](uint32_t w) {
+    Status warmed = run_phase(w, next[w], std::max<uint64_t>(1, warmup / writers), nullptr);
+    start_line.arrive_and_wait();  // a writer whose warm-up failed still arrives
+    results[w] = warmed.ok() ? run_phase(w, next[w], per_writer, &samples[w]) : warmed;
+  };
+  if (writers == 1) {
+    writer(0);
+  } else {
+    std::vector<std::thread> threads;
+    for (uint32_t w = 0; w < writers; ++w) threads.emplace_back(writer, w);
+    for (auto& t : threads) t.join();
+  }
   cell.seconds = std::chrono::duration<double>(Clock::now() - started).count();
-  cell.latency = summarize(std::move(samples));
+  for (const Status& result : results) PMIRROR_RETURN_IF_ERROR(result);
+  std::vector<double> all;
+  for (auto& v : samples) all.insert(all.end(), v.begin(), v.end());
+  uint64_t used = 0;
+  for (uint64_t k : next) used = std::max(used, k);
+  counter = first + used * writers;
+  cell.iterations = all.size();
+  cell.latency = summarize(std::move(all));
   return cell;
 }
 
@@ -672,7 +707,8 @@ Result<ResyncPhase> resync_phase(Volume& volume, const std::string& peer, uint64
 
 Result<ResyncPhase> baseline_phase(Volume& volume, uint64_t rate, uint64_t record, uint64_t warmup,
                                    uint64_t iterations, uint64_t& counter) {
-  PMIRROR_ASSIGN_OR_RETURN(Cell cell, run_cell(volume, 1, record, 1, warmup, iterations, counter));
+  PMIRROR_ASSIGN_OR_RETURN(Cell cell,
+                           run_cell(volume, 1, record, 1, 1, warmup, iterations, counter));
   ResyncPhase phase;
   phase.name = "baseline";
   phase.rate_limit = rate;
@@ -842,12 +878,14 @@ struct BenchOptions {
   std::string address = "127.0.0.1";
   std::string identity = "bench";
   std::string method_name = "auto";
+  std::string poll_name = "adaptive";
   int spawn_targets = 0;
   std::string daemon_path = PMIRROR_BENCH_DAEMON_PATH;
   std::string data_dir = "/dev/shm";
   bool keep = false;
   std::vector<std::string> size_args = {"64", "256", "1KiB", "4KiB", "16KiB", "64KiB"};
   std::vector<uint32_t> depths = {1, 4, 16, 32};
+  std::vector<uint32_t> writers = {1};
   std::vector<size_t> replica_counts;
   std::optional<uint64_t> iterations_override;
   uint64_t warmup = 500;
@@ -867,6 +905,11 @@ struct BenchOptions {
   MethodPreference method() const {
     return method_name == "gpspm" ? MethodPreference::kGpspm : MethodPreference::kAuto;
   }
+  PollMode poll() const {
+    return poll_name == "busy"    ? PollMode::kBusy
+           : poll_name == "event" ? PollMode::kEvent
+                                  : PollMode::kAdaptive;
+  }
 };
 
 void add_options(CLI::App& app, BenchOptions& o) {
@@ -883,6 +926,10 @@ void add_options(CLI::App& app, BenchOptions& o) {
       ->capture_default_str();
   app.add_option("--identity", o.identity, "who we are to the targets")->capture_default_str();
   app.add_option("--method", o.method_name, "auto (APM where offered) | gpspm")
+      ->capture_default_str();
+  app.add_option("--poll", o.poll_name,
+                 "busy | adaptive | event: how the bench's and the spawned targets' threads "
+                 "wait for completions (the volume's `poll`)")
       ->capture_default_str();
   app.add_option("--spawn-targets", o.spawn_targets,
                  "start N pmirrord on free ports with generated configs, then stop them")
@@ -904,6 +951,11 @@ void add_options(CLI::App& app, BenchOptions& o) {
   app.add_option("--depths", o.depths, "persists in flight (1 = synchronous persist())")
       ->delimiter(',')
       ->check(CLI::Range(1u, 1024u))
+      ->capture_default_str();
+  app.add_option("--writers", o.writers,
+                 "application threads persisting at once, each at every --depths (e.g. 1,4)")
+      ->delimiter(',')
+      ->check(CLI::Range(1u, 64u))
       ->capture_default_str();
   app.add_option("--replicas-list", o.replica_counts,
                  "replica counts to measure, each using the first K targets (default 1,2 capped "
@@ -960,6 +1012,9 @@ Result<MatrixPlan> check_options(BenchOptions& o) {
   auto volume_size = config::parse_size(o.size_text);
   if (!volume_size.ok()) return usage_error("--size: " + volume_size.status().message());
   plan.volume_size = *volume_size;
+  if (o.poll_name != "busy" && o.poll_name != "adaptive" && o.poll_name != "event") {
+    return usage_error("--poll: busy, adaptive or event");
+  }
   if (o.method_name != "auto" && o.method_name != "gpspm") {
     return usage_error("--method: auto or gpspm");
   }
@@ -969,10 +1024,12 @@ Result<MatrixPlan> check_options(BenchOptions& o) {
     plan.sizes.push_back(*size);
   }
   plan.max_depth = *std::max_element(o.depths.begin(), o.depths.end());
+  const uint64_t most_in_flight =
+      uint64_t{plan.max_depth} * *std::max_element(o.writers.begin(), o.writers.end());
   for (uint64_t size : plan.sizes) {
-    if (plan.volume_size / size < 2ull * plan.max_depth) {
+    if (plan.volume_size / size < 2 * most_in_flight) {
       return usage_error("--size " + o.size_text + " holds too few records of " + size_label(size) +
-                         " for " + std::to_string(plan.max_depth) + " in flight");
+                         " for " + std::to_string(most_in_flight) + " in flight");
     }
   }
   if (!o.spawning() && o.replica_args.empty()) {
@@ -1041,8 +1098,9 @@ class Targets {
     o.secret = random_secret();
     if (o.local_path.empty()) o.local_path = work_dir_ + "/local.img";
     for (int i = 0; i < o.spawn_targets; ++i) {
-      spawned_.push_back(std::make_unique<SpawnedTarget>(
-          o.daemon_path, work_dir_ + "/target" + std::to_string(i), o.address, o.transport_name));
+      spawned_.push_back(std::make_unique<SpawnedTarget>(o.daemon_path,
+                                                         work_dir_ + "/target" + std::to_string(i),
+                                                         o.address, o.transport_name, o.poll_name));
       if (i == 0 && !o.first_target_volume.empty()) {
         spawned_.back()->set_volume_path(o.first_target_volume);
       }
@@ -1119,6 +1177,7 @@ int run_resync_main(const BenchOptions& o, uint64_t volume_size, const Targets& 
   v.create = true;
   v.identity = o.identity;
   v.method = o.method();
+  v.poll = o.poll();
   v.max_in_flight = 32;
   v.chunk_size = *chunk;
   v.resync_step = *step;
@@ -1212,6 +1271,7 @@ Json matrix_json(const BenchOptions& o, const MatrixPlan& plan, const Targets& t
     row["size"] = cell.size;
     row["replicas"] = cell.replicas;
     row["depth"] = cell.depth;
+    row["writers"] = cell.writers;
     row["api"] = cell.depth == 1 ? "persist" : "persist_async";
     row["seconds"] = cell.seconds;
     row["persists_per_s"] = cell.persists_per_second();
@@ -1221,6 +1281,12 @@ Json matrix_json(const BenchOptions& o, const MatrixPlan& plan, const Targets& t
     out["persist"].push_back(row);
   }
   return out;
+}
+
+// "16", or "4x1" for 4 writer threads at depth 1 each.
+std::string depth_label(uint32_t depth, uint32_t writers) {
+  return writers == 1 ? std::to_string(depth)
+                      : std::to_string(writers) + "x" + std::to_string(depth);
 }
 
 // --scenario matrix: sizes x replica counts x depths, next to a TCP
@@ -1241,7 +1307,7 @@ int run_matrix_main(const BenchOptions& o, const MatrixPlan& plan, const Targets
               std::to_string(run.facts["nproc"].get<unsigned>()).c_str());
   std::printf(
       "latency in microseconds; depth 1 = persist(), depth D = persist_async() with D "
-      "in flight\n\n");
+      "in flight, WxD = W writer threads at depth D each\n\n");
 
   MatrixResults r;
   uint64_t counter = 0;
@@ -1257,7 +1323,8 @@ int run_matrix_main(const BenchOptions& o, const MatrixPlan& plan, const Targets
     options.create = true;
     options.identity = o.identity;
     options.method = o.method();
-    options.max_in_flight = plan.max_depth;
+    options.poll = o.poll();
+    options.max_in_flight = plan.max_depth * *std::max_element(o.writers.begin(), o.writers.end());
     for (size_t i = 0; i < replicas; ++i) {
       options.replicas.push_back(
           {endpoints[i].host, endpoints[i].port, o.transport_name, o.secret, ""});
@@ -1287,24 +1354,26 @@ int run_matrix_main(const BenchOptions& o, const MatrixPlan& plan, const Targets
                     pp.rtt.count / pp.seconds * static_cast<double>(size) / (1024.0 * 1024.0),
                     "(ping-pong)", "");
       }
-      for (uint32_t depth : o.depths) {
-        auto cell = run_cell(**volume, replicas, size, depth, o.warmup, iterations, counter);
-        if (!cell.ok()) return fail(cell.status().message());
-        const PingPong& pp = r.ping_pongs[size];
-        // The ratio is shown for depth 1 only: deeper windows add queueing
-        // to each op's latency by design (the JSON has it for every cell).
-        char ratio[16] = "-";
-        if (depth == 1 && pp.rtt.p50 > 0) {
-          std::snprintf(ratio, sizeof ratio, "%.2f", cell->latency.p50 / pp.rtt.p50);
+      for (uint32_t writers : o.writers)
+        for (uint32_t depth : o.depths) {
+          auto cell =
+              run_cell(**volume, replicas, size, depth, writers, o.warmup, iterations, counter);
+          if (!cell.ok()) return fail(cell.status().message());
+          const PingPong& pp = r.ping_pongs[size];
+          // The ratio is shown for depth 1 only: deeper windows add queueing
+          // to each op's latency by design (the JSON has it for every cell).
+          char ratio[16] = "-";
+          if (depth == 1 && writers == 1 && pp.rtt.p50 > 0) {
+            std::snprintf(ratio, sizeof ratio, "%.2f", cell->latency.p50 / pp.rtt.p50);
+          }
+          std::printf("%9s %4zu %5s %6llu %9.1f %9.1f %9.1f %9.1f %10.0f %9.1f %10.1f %7s\n",
+                      size_label(size).c_str(), replicas, depth_label(depth, writers).c_str(),
+                      static_cast<unsigned long long>(iterations), cell->latency.p50,
+                      cell->latency.p99, cell->latency.p999, cell->latency.max,
+                      cell->persists_per_second(), cell->mib_per_second(), pp.rtt.p50, ratio);
+          std::fflush(stdout);
+          r.cells.push_back(*cell);
         }
-        std::printf("%9s %4zu %5u %6llu %9.1f %9.1f %9.1f %9.1f %10.0f %9.1f %10.1f %7s\n",
-                    size_label(size).c_str(), replicas, depth,
-                    static_cast<unsigned long long>(iterations), cell->latency.p50,
-                    cell->latency.p99, cell->latency.p999, cell->latency.max,
-                    cell->persists_per_second(), cell->mib_per_second(), pp.rtt.p50, ratio);
-        std::fflush(stdout);
-        r.cells.push_back(*cell);
-      }
     }
     print_rule(kWidth);
   }

@@ -4,13 +4,17 @@
 # boots one guest with NVDIMMs and a writable results folder, and runs
 # scripts/lab/tests/guest-bench.sh there: R rounds, each of ib_write_lat,
 # ib_read_lat (server + client on rxe0's address) and pmirror-bench over rdma
-# (depth 1, one replica; target on devdax = APM, on a tmpfs file = GPSPM) at
-# every size, interleaved. Prints the median over rounds of each tool's
-# per-round median (and p99) and the ratios pmirror / ib_read_lat and
+# (depth 1, one replica; target on devdax = APM, on a tmpfs file = GPSPM) and
+# librpma's write + flush(persistent) to devdax (bench/rpma-write-flush,
+# tool librpma-flush: the library pmirror replaces) at every size,
+# interleaved. Prints the median over rounds of each tool's per-round median
+# (and p99) and the ratios pmirror / ib_read_lat, pmirror / librpma-flush and
 # pmirror / ib_write_lat. docs/benchmarks.md ("Over RDMA") shows results.
 #
 # Builds nothing: give a build folder (argument or $PMIRROR_BUILD_DIR, default
-# build/) with daemon/pmirrord and bench/pmirror-bench.
+# build/) with daemon/pmirrord and bench/pmirror-bench, and bench/rpma-write-flush
+# (built only where librpma-dev is installed; without it the librpma step is
+# skipped with a warning).
 #
 #   scripts/lab/bench.sh [BUILD_DIR]
 #   scripts/lab/bench.sh --summarize RESULTS_DIR   # only print the summary again
@@ -30,6 +34,7 @@
 #   PMIRROR_LAB_BENCH_SIZES   sizes in bytes, comma-separated (default 64,4096)
 #   PMIRROR_LAB_BENCH_ITERS   measured ops per tool, size and round (default 500)
 #   PMIRROR_LAB_BENCH_WARMUP  pmirror-bench warm-up persists per cell (default 100)
+#   PMIRROR_LAB_BENCH_POLL    pmirror-bench --poll: busy | adaptive | event (default adaptive)
 #   PMIRROR_LAB_BENCH_GPSPM   1: also a file-backed target (GPSPM); 0 (default): devdax only
 #   PMIRROR_LAB_BENCH_NODE    NVDIMM set (run.sh --node; default bench, so that the
 #                             run neither waits for nor disturbs the tests' NVDIMMs)
@@ -55,7 +60,9 @@ for name in ("host.txt", "guest-versions.txt"):
         if "=" in line:
             k, v = line.rstrip("\n").split("=", 1)
             facts[k] = v
-tools = ["ib_write_lat", "ib_read_lat", "pmirror-apm", "pmirror-gpspm"]
+# librpma-flush: only in runs since the librpma comparator (older folders
+# have no such rows; they summarize as before).
+tools = ["ib_write_lat", "ib_read_lat", "librpma-flush", "pmirror-apm", "pmirror-gpspm"]
 sizes = sorted({int(r["size"]) for r in rows})
 med = lambda xs: statistics.median(xs) if xs else float("nan")
 summary = {}
@@ -83,9 +90,12 @@ def ratio(num, den, s):
             rs.append(a[0] / b[0])
     return rs
 label = {"ib_write_lat": "ib_write_lat (one-way)", "ib_read_lat": "ib_read_lat (round trip)",
+         "librpma-flush": "librpma write+flush(persistent)",
          "pmirror-apm": "pmirror persist, devdax target", "pmirror-gpspm": "pmirror persist, file target"}
 print(f"guest {facts.get('guest_kernel')}; rdma-core {facts.get('rdma_core', '?').split()[0]}; "
       f"perftest {facts.get('perftest')}; {facts.get('qemu')}")
+if "librpma" in facts:
+    print(f"librpma {facts['librpma']}")
 print(f"host load before {facts.get('host_load_before')}, during {facts.get('host_load_during')}, "
       f"after {facts.get('host_load_after')}; wall {facts.get('wall_s')} s")
 print(f"rounds={facts.get('rounds')}")
@@ -103,17 +113,23 @@ for t in tools:
 print()
 print("ratios of p50: median over rounds of the per-round ratio (and ratio of the medians above)")
 ratios = []
-for num in ("pmirror-apm", "pmirror-gpspm"):
-    for den in ("ib_read_lat", "ib_write_lat"):
-        for s in sizes:
-            if (num, s) not in summary or (den, s) not in summary:
-                continue
-            rs = ratio(num, den, s)
-            of_medians = summary[(num, s)]["p50_us"] / summary[(den, s)]["p50_us"]
-            ratios.append({"num": num, "den": den, "size": s, "median_of_round_ratios": med(rs),
-                           "min": min(rs), "max": max(rs), "ratio_of_medians": of_medians})
-            print(f"  {num:14} / {den:13} {s:>6} B: {med(rs):5.2f} (rounds {min(rs):.2f}-{max(rs):.2f}; "
-                  f"of medians {of_medians:.2f})")
+# pmirror / librpma-flush: the same persist (write, then an 8-byte read after
+# it) through librpma, next to the raw read round trip.
+pairs = [("pmirror-apm", "ib_read_lat"), ("pmirror-apm", "librpma-flush"), ("pmirror-apm", "ib_write_lat"),
+         ("pmirror-gpspm", "ib_read_lat"), ("pmirror-gpspm", "librpma-flush"), ("pmirror-gpspm", "ib_write_lat"),
+         ("librpma-flush", "ib_read_lat")]
+for num, den in pairs:
+    for s in sizes:
+        if (num, s) not in summary or (den, s) not in summary:
+            continue
+        rs = ratio(num, den, s)
+        if not rs:
+            continue
+        of_medians = summary[(num, s)]["p50_us"] / summary[(den, s)]["p50_us"]
+        ratios.append({"num": num, "den": den, "size": s, "median_of_round_ratios": med(rs),
+                       "min": min(rs), "max": max(rs), "ratio_of_medians": of_medians})
+        print(f"  {num:14} / {den:13} {s:>6} B: {med(rs):5.2f} (rounds {min(rs):.2f}-{max(rs):.2f}; "
+              f"of medians {of_medians:.2f})")
 json.dump({"facts": facts, "dropped": dropped, "summary": list(summary.values()), "ratios": ratios, "rounds": rows},
           open(f"{out}/summary.json", "w"), indent=2)
 print(f"\nwrote {out}/summary.txt, summary.json, rounds.tsv, raw/")
@@ -155,6 +171,10 @@ build=$(cd "$build" && pwd) || { echo "bench.sh: no build folder $build" >&2; ex
 for f in daemon/pmirrord bench/pmirror-bench; do
   [[ -x $build/$f ]] || { echo "bench.sh: $build/$f missing (build first, e.g. scripts/build.sh)" >&2; exit 1; }
 done
+if [[ $mode == latency && ! -x $build/bench/rpma-write-flush ]]; then
+  echo "bench.sh: warning: $build/bench/rpma-write-flush missing: no librpma-flush comparator in this run" \
+    "(install librpma-dev, e.g. scripts/lab/setup.sh, reconfigure and build the target rpma-write-flush)" >&2
+fi
 "$build/bench/pmirror-bench" --help | grep -q -- --first-target-volume ||
   { echo "bench.sh: $build/bench/pmirror-bench has no --first-target-volume (rebuild)" >&2; exit 1; }
 if [[ $mode == resync ]]; then
@@ -176,6 +196,7 @@ export PMIRROR_LAB_BENCH_ROUNDS=${PMIRROR_LAB_BENCH_ROUNDS:-5}
 export PMIRROR_LAB_BENCH_SIZES=${PMIRROR_LAB_BENCH_SIZES:-64,4096}
 export PMIRROR_LAB_BENCH_ITERS=${PMIRROR_LAB_BENCH_ITERS:-500}
 export PMIRROR_LAB_BENCH_WARMUP=${PMIRROR_LAB_BENCH_WARMUP:-100}
+export PMIRROR_LAB_BENCH_POLL=${PMIRROR_LAB_BENCH_POLL:-adaptive}
 export PMIRROR_LAB_BENCH_GPSPM=${PMIRROR_LAB_BENCH_GPSPM:-0}
 
 "$repo/scripts/lab/setup.sh"
@@ -208,7 +229,7 @@ else
 PMIRROR_LAB_TIMING=1 "$repo/scripts/lab/run.sh" --nvdimm --node "$node" --rw "$out" \
   --timeout "${PMIRROR_LAB_BENCH_TIMEOUT:-1500}" \
   --env PMIRROR_LAB_BENCH_ROUNDS --env PMIRROR_LAB_BENCH_SIZES --env PMIRROR_LAB_BENCH_ITERS \
-  --env PMIRROR_LAB_BENCH_WARMUP --env PMIRROR_LAB_BENCH_GPSPM -- \
+  --env PMIRROR_LAB_BENCH_WARMUP --env PMIRROR_LAB_BENCH_GPSPM --env PMIRROR_LAB_BENCH_POLL -- \
   "$repo/scripts/lab/tests/guest-bench.sh" "$build" "$out" 2>&1 | tee "$out/guest.log" ||
   status=$?
 fi

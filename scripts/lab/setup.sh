@@ -2,6 +2,9 @@
 # pmirror QEMU lab: one-time setup (idempotent). Run as root.
 #
 #  * apt-get installs QEMU, rdma-core tools, PMDK, ndctl, busybox-static, ...
+#    and librpma (runtime librpma0 + librpma-dev, to build bench/rpma-write-flush,
+#    the lab benchmark's librpma comparator; the guest sees the host's / so the
+#    library and the binary built on the host are there too)
 #  * downloads Debian's generic amd64 6.1 kernel package (never installed on the
 #    host), unpacks it into the cache folder, prunes useless module folders,
 #    runs depmod, cuts the uncompressed ELF kernel out of vmlinuz (QEMU boots it
@@ -33,6 +36,7 @@ packages=(
   qemu-system-x86 ibverbs-providers ibverbs-utils rdmacm-utils perftest
   libibverbs-dev librdmacm-dev libpmem-dev libpmemobj-dev pmdk-tools ndctl daxctl
   kmod busybox-static cpio iproute2 e2fsprogs xz-utils
+  librpma0 librpma-dev
 )
 
 t0=$(date +%s.%N)

@@ -5,7 +5,10 @@
 #   ib_read_lat   -d rxe0 -x 1 -s SIZE -n N
 #   pmirror-bench over rdma, depth 1, one replica, target on devdax (APM)
 #   pmirror-bench over rdma, depth 1, one replica, target on a tmpfs file (GPSPM)
-# for every SIZE, the order of the four rotated from round to round. Raw
+#   rpma-write-flush (bench/rpma_write_flush.c): librpma write of SIZE bytes +
+#     rpma_flush(RPMA_FLUSH_TYPE_PERSISTENT), server on devdax, tool name
+#     librpma-flush (skipped, with a message, where the binary was not built)
+# for every SIZE, the order of the steps rotated from round to round. Raw
 # outputs go to OUT_DIR/raw/, one line per (round, tool, size) to
 # OUT_DIR/rounds.tsv; bench.sh summarizes on the host.
 #   guest-bench.sh BUILD_DIR OUT_DIR
@@ -13,7 +16,9 @@
 #   PMIRROR_LAB_BENCH_ROUNDS  rounds (default 5)
 #   PMIRROR_LAB_BENCH_SIZES   record sizes in bytes, comma-separated (default 64,4096)
 #   PMIRROR_LAB_BENCH_ITERS   measured ops per tool, size and round (default 500)
-#   PMIRROR_LAB_BENCH_WARMUP  pmirror-bench unmeasured persists per cell (default 100)
+#   PMIRROR_LAB_BENCH_WARMUP  pmirror-bench unmeasured persists per cell, and
+#                             rpma-write-flush unmeasured write + flush pairs (default 100)
+#   PMIRROR_LAB_BENCH_POLL    pmirror-bench --poll: busy | adaptive | event (default adaptive)
 #   PMIRROR_LAB_BENCH_GPSPM   1: also the file target; 0 (default): devdax only
 set -euo pipefail
 build=${1:?usage: guest-bench.sh BUILD_DIR OUT_DIR}
@@ -24,11 +29,13 @@ rounds=${PMIRROR_LAB_BENCH_ROUNDS:-5}
 sizes=${PMIRROR_LAB_BENCH_SIZES:-64,4096}
 iters=${PMIRROR_LAB_BENCH_ITERS:-500}
 warmup=${PMIRROR_LAB_BENCH_WARMUP:-100}
+poll=${PMIRROR_LAB_BENCH_POLL:-adaptive}
 gpspm=${PMIRROR_LAB_BENCH_GPSPM:-0}
 dev=${PMIRROR_LAB_RDMA_DEV:-rxe0}
 addr=$PMIRROR_LAB_SELF
 bench="$build/bench/pmirror-bench"
 daemon="$build/daemon/pmirrord"
+rpma_bin="$build/bench/rpma-write-flush"
 ulimit -l unlimited
 mkdir -p "$out/raw"
 # pmirrord keeps the metadata of a copy on /dev/dax* in /var/lib/pmirror
@@ -43,11 +50,16 @@ printf 'round\ttool\tsize\tp50_us\tp99_us\tp999_us\tmin_us\tmax_us\tmethod\n' > 
   echo "guest_uname=$(uname -srvm)"
   echo "rdma_core=$(dpkg-query -W -f '${Version}' libibverbs1) (libibverbs1; ibverbs-providers $(dpkg-query -W -f '${Version}' ibverbs-providers), librdmacm1 $(dpkg-query -W -f '${Version}' librdmacm1))"
   echo "perftest=$(dpkg-query -W -f '${Version}' perftest) ($(ib_write_lat --version 2>&1 | head -n1))"
+  if [[ -x $rpma_bin ]]; then
+    echo "librpma=$(dpkg-query -W -f '${Version}' librpma0 2>/dev/null || echo '?') ($rpma_bin)"
+  else
+    echo "librpma=none ($rpma_bin not built)"
+  fi
   echo "rxe_port=$(ibv_devinfo -d "$dev" 2>/dev/null | awk '/state:|active_mtu:/ {printf "%s %s ", $1, $2}')"
   echo "guest_cpus=$(nproc) x $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
   echo "guest_mem=$(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
   echo "dax_dev=$PMIRROR_LAB_DAX_DEV ($(cat /sys/bus/dax/devices/"$(basename "$PMIRROR_LAB_DAX_DEV")"/size 2>/dev/null || echo '?') bytes)"
-  echo "rounds=$rounds sizes=$sizes iters=$iters warmup=$warmup gpspm=$gpspm"
+  echo "rounds=$rounds sizes=$sizes iters=$iters warmup=$warmup gpspm=$gpspm poll=$poll"
 } | tee "$out/guest-versions.txt"
 
 port=20000
@@ -104,7 +116,7 @@ pmirror() {
   rm -f /var/lib/pmirror/*.pmirror
   timeout 300 "$bench" --spawn-targets 1 --pmirrord "$daemon" --transport rdma --address "$addr" \
     --dir /dev/shm --size 16MiB --sizes "$sizes" --depths 1 --replicas-list 1 \
-    --iterations "$iters" --warmup "$warmup" --json "$json" "${extra[@]}" \
+    --iterations "$iters" --warmup "$warmup" --poll "$poll" --json "$json" "${extra[@]}" \
     > "$out/raw/r$1-pmirror-$2.txt" 2>&1 ||
     { echo "guest-bench: pmirror-bench ($kind) failed:" >&2; cat "$out/raw/r$1-pmirror-$2.txt" >&2; return 1; }
   python3 - "$json" "$round" "pmirror-$kind" >> "$tsv" <<'PY'
@@ -118,7 +130,54 @@ for c in doc["persist"]:
 PY
 }
 
+# rpma ROUND SIZE: librpma's write + flush(persistent) to devdax
+# (bench/rpma_write_flush.c): server on $PMIRROR_LAB_DAX_DEV and client in
+# this guest, like perftest_once; the client's "result ..." line into the
+# TSV as tool librpma-flush. pmirror's step uses the same devdax device:
+# the steps run one after the other, never at the same time.
+rpma() {
+  local size=$1 round=$2 log="$out/raw/r$2-librpma-flush-$1"
+  port=$((port + 1))
+  timeout 120 "$rpma_bin" server "$addr" "$port" "$size" "$iters" "$warmup" "$PMIRROR_LAB_DAX_DEV" \
+    > "$log.server" 2>&1 &
+  local server=$! ok=0 rc=0 src=0
+  for _ in $(seq 40); do
+    sleep 0.25
+    rc=0
+    timeout 120 "$rpma_bin" client "$addr" "$port" "$size" "$iters" "$warmup" > "$log.client" 2>&1 ||
+      rc=$?
+    if [[ $rc == 0 ]]; then
+      ok=1
+      break
+    fi
+    # 2: could not connect (the server is not listening yet): retry while it runs.
+    if [[ $rc != 2 ]] || ! kill -0 "$server" 2> /dev/null; then break; fi
+  done
+  if [[ $ok != 1 ]]; then kill "$server" 2> /dev/null || true; fi
+  wait "$server" || src=$?
+  if [[ $ok != 1 || $src != 0 ]]; then
+    echo "guest-bench: rpma-write-flush -s $size failed (client status $rc, server status $src):" >&2
+    cat "$log.client" "$log.server" >&2
+    return 1
+  fi
+  awk -v r="$round" -v s="$size" -v OFS='\t' \
+    '$1 == "result" {
+       for (i = 2; i <= NF; i++) { k = $i; sub(/=.*/, "", k); v[k] = substr($i, length(k) + 2) }
+       if (v["size"] == s) { print r, "librpma-flush", s, v["p50_us"], v["p99_us"], v["p999_us"], v["min_us"], v["max_us"], "apm"; found = 1 }
+     }
+     END {exit !found}' "$log.client" >> "$tsv" ||
+    { echo "guest-bench: no result line in $log.client" >&2; cat "$log.client" >&2; return 1; }
+}
+
+# rpma right after apm: in every rotation the two persist paths to devdax
+# run close together in time.
 steps=(write read apm)
+if [[ -x $rpma_bin ]]; then
+  steps+=(rpma)
+else
+  echo "guest-bench: $rpma_bin not found: SKIPPING the librpma-flush comparator" \
+    "(build it on a host with librpma-dev: cmake --build BUILD --target rpma-write-flush)" >&2
+fi
 [[ $gpspm == 1 ]] && steps+=(gpspm)
 start=$(date +%s)
 for round in $(seq 1 "$rounds"); do
@@ -132,6 +191,9 @@ for round in $(seq 1 "$rounds"); do
         for size in ${sizes//,/ }; do perftest "ib_${step}_lat" "$size" "$round"; done
         ;;
       apm | gpspm) pmirror "$round" "$step" ;;
+      rpma)
+        for size in ${sizes//,/ }; do rpma "$size" "$round"; done
+        ;;
     esac
   done
 done

@@ -11,6 +11,13 @@ size=${PMIRROR_LAB_VOLUME_SIZE:-16MiB}
 count=${PMIRROR_LAB_RECORDS:-2000}
 secret="lab secret, long enough to pass"
 ulimit -l unlimited
+# Soft-RoCE's own counts (retransmissions, duplicates, sequence errors): what
+# the lossy link did, printed when an attempt fails and at the end.
+rxe_counters() {
+  local dir=/sys/class/infiniband/rxe0/ports/1/hw_counters
+  [[ -d $dir ]] && echo "rxe0 counters ($1): $(cd "$dir" && grep -H . -- * | grep -v ':0$' | tr '\n' ' ')"
+  return 0
+}
 
 case "$PMIRROR_LAB_NODE" in
 a)
@@ -42,6 +49,7 @@ YAML
     sleep 0.5
   done
   [[ -f $shared/b.done ]] || { echo "node b never finished" >&2; kill "$daemon"; exit 1; }
+  rxe_counters "node a, end"
   kill -TERM "$daemon"
   wait "$daemon"
   replica=$("$build/tests/integration/pmirror-volume-tool" digest "$PMIRROR_LAB_DAX_DEV" "$size")
@@ -59,10 +67,13 @@ b)
         --secret "$secret" --count "$count" --record-size 512; then
       break
     fi
+    rxe_counters "node b, after attempt $attempt"
     [[ $attempt == 60 ]] && { echo "could not mirror to node a" >&2; exit 1; }
-    rm -f /tmp/local.img
+    # The local copy stays: the next attempt reopens it and resyncs what
+    # the failed one left behind (its metadata says which chunks).
     sleep 1
   done
+  rxe_counters "node b, end"
   "$build/tests/integration/pmirror-volume-tool" digest /tmp/local.img "$size" > "$shared/b.digest"
   touch "$shared/b.done"
   ;;
