@@ -12,6 +12,8 @@
 //   control_edge      pmirrorctl's socket, and all of libpmirror's JSON
 // All of them share the volume mutex (volume_core.h).
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <future>
@@ -106,6 +108,30 @@ Result<std::unique_ptr<Volume>> Volume::open(const VolumeOptions& options) {
   }
   if (!meta.ok()) return meta.status().with_context("metadata of '" + options.name + "'");
   auto info = (*meta)->info();
+  if ((*local)->created() && info.generations.current != 0) {
+    // The metadata describes a copy that existed (it says which data the
+    // replicas hold and what they were last in sync with); the file was
+    // deleted or moved away. Going on would pair an empty copy with that
+    // history: the replicas would not be resynced, the application would
+    // read zeros, and its next writes would mix with the old copy's data.
+    const std::string local_path = (*local)->path();
+    local->reset();
+    ::unlink(local_path.c_str());  // ours, just created: leave nothing behind
+    return Status(Errc::kFailedPrecondition,
+                  "volume '" + options.name + "': the local copy " + local_path +
+                      " did not exist and was created empty, but its metadata " +
+                      meta_options.path + " belongs to a copy that held data (generation " +
+                      generation_hex(info.generations.current) +
+                      "); refusing to start an empty copy in its place (nothing was changed). "
+                      "Restore the file, or run the application on a replica's node "
+                      "(`pmirrorctl promote " +
+                      options.name +
+                      "` there), or, to discard this copy's history and "
+                      "start it over, remove " +
+                      meta_options.path +
+                      " and open it once with after_split_brain: overwrite_replica (the "
+                      "replicas' data is then overwritten by a full sync of the empty copy)");
+  }
   if (options.require_promoted && !info.promoted) {
     return Status(Errc::kPermissionDenied,
                   "this node is not the primary of volume '" + options.name +

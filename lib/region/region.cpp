@@ -207,6 +207,7 @@ Result<std::unique_ptr<Region>> Region::open(const OpenOptions& options) {
       ::unlink(path.c_str());  // ours (O_EXCL): leave nothing half-made behind
       return allocated;
     }
+    region->created_ = true;
     auto mapped = map(std::move(region), options.size, /*devdax=*/false, options.size);
     if (!mapped.ok()) ::unlink(path.c_str());
     return mapped;

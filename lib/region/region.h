@@ -67,6 +67,8 @@ class Region {
   bool is_pmem() const { return is_pmem_; }
   Backing backing() const { return backing_; }
   const std::string& path() const { return path_; }
+  // True when open() created the file (create: true and it did not exist).
+  bool created() const { return created_; }
   // "volume 'db0' (/mnt/pmem/db0)", or "volume /mnt/pmem/db0" without a name.
   const std::string& label() const { return label_; }
 
@@ -97,6 +99,7 @@ class Region {
   Backing backing_ = Backing::kPlainFile;
   std::string path_;
   std::string label_;
+  bool created_ = false;
   fault::Registration fault_registration_;
 
   mutable std::atomic<bool> failed_{false};

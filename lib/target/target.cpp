@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
 #include <list>
 #include <nlohmann/json.hpp>
 #include <system_error>
@@ -151,6 +152,40 @@ class Target::Impl {
     return volumes;
   }
 
+  // The volume's file was missing and has just been created empty. A
+  // metadata pool already there belongs to the copy that was deleted: kept,
+  // it would tell the primary that this empty file holds that copy's
+  // generation, and the primary would skip the sync. It is moved aside (not
+  // deleted: it is evidence) so that the copy starts as a new, empty
+  // replica, which the primary fills with a full sync.
+  Status set_aside_stale_metadata(const config::VolumeConfig& volume_config) {
+    const std::string path =
+        volume_config.metadata_path.empty()
+            ? metadata::default_metadata_path(volume_config.path, volume_config.name)
+            : volume_config.metadata_path;
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) return Status::Ok();
+    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+    const std::string aside = path + ".replaced-" + std::to_string(seconds);
+    std::filesystem::rename(path, aside, ec);
+    if (ec) {
+      return Status(Errc::kIoError,
+                    "volume '" + volume_config.name + "': its file " + volume_config.path +
+                        " was missing and was created empty, but the metadata of the copy that "
+                        "was there (" +
+                        path + ") could not be moved aside: " + ec.message() +
+                        "; move or remove it by hand (the primary then makes a full sync)");
+    }
+    log::warn(
+        "volume {}: its file {} was missing and was created empty; the metadata of the copy "
+        "that was there is kept as {}; this copy starts as a new, empty replica (the primary "
+        "makes a full sync)",
+        volume_config.name, volume_config.path, aside);
+    return Status::Ok();
+  }
+
   // Maps a volume and checks that it can be served; nothing is shared yet.
   Result<std::shared_ptr<ServedVolume>> open_volume(const config::VolumeConfig& volume_config) {
     region::OpenOptions open_options;
@@ -160,6 +195,7 @@ class Target::Impl {
     open_options.name = volume_config.name;  // its errors name the volume
     auto region = region::Region::open(open_options);
     if (!region.ok()) return region.status();
+    if ((*region)->created()) PMIRROR_RETURN_IF_ERROR(set_aside_stale_metadata(volume_config));
     auto served = std::make_shared<ServedVolume>();
     served->config = volume_config;
     served->region = std::move(region).value();

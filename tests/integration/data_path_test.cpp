@@ -255,6 +255,78 @@ TEST_F(DataPathTest, CleanCloseRecordsTheLastSequence) {
   EXPECT_EQ((*volume)->replicas()[0].acknowledged_sequence, 50u);
 }
 
+// The local copy's file deleted while its metadata stays: opening must not
+// pair a new empty file with the old copy's history (the replicas would not
+// be resynced and the application would read zeros).
+TEST_F(DataPathTest, ADeletedLocalCopyIsRefusedNotReplacedByAnEmptyOne) {
+  start_targets(1);
+  {
+    auto volume = Volume::open(options());
+    ASSERT_TRUE(volume.ok()) << volume.status().to_string();
+    ASSERT_TRUE((*volume)->write(4096, "kept on the replica", 19).ok());
+  }
+  const std::string local = tmp_.file("local.img");
+  ASSERT_TRUE(std::filesystem::remove(local));
+
+  auto reopened = Volume::open(options());
+  ASSERT_FALSE(reopened.ok()) << "an empty copy replaced the deleted one";
+  EXPECT_EQ(reopened.status().code(), Errc::kFailedPrecondition);
+  const std::string& why = reopened.status().message();
+  EXPECT_NE(why.find("did not exist and was created empty"), std::string::npos) << why;
+  EXPECT_NE(why.find("remove " + local + ".pmirror"), std::string::npos) << why;
+  EXPECT_FALSE(std::filesystem::exists(local)) << "the refused open left an empty file behind";
+  // Refused again (nothing was left to make the second attempt look fine).
+  EXPECT_EQ(Volume::open(options()).status().code(), Errc::kFailedPrecondition);
+  // The replica still holds the data.
+  auto replica = read_volume(replica_path(0));
+  ASSERT_EQ(replica.size(), kSize);
+  EXPECT_EQ(std::memcmp(replica.data() + 4096, "kept on the replica", 19), 0);
+
+  // Starting over is the operator's choice: without the metadata, a new
+  // copy, which the replica's copy of another history does not descend from
+  // (split brain, refused), unless told to overwrite it with a full sync.
+  ASSERT_TRUE(std::filesystem::remove(local + ".pmirror"));
+  EXPECT_NE(why.find("after_split_brain: overwrite_replica"), std::string::npos) << why;
+  VolumeOptions over = options();
+  over.overwrite_split_brain = true;
+  auto fresh = Volume::open(over);
+  ASSERT_TRUE(fresh.ok()) << fresh.status().to_string();
+  ASSERT_TRUE((*fresh)->write(0, "new", 3).ok());
+  fresh->reset();
+  expect_replicas_equal_local();
+}
+
+// A replica's file deleted while its metadata stays: pmirrord creates the
+// file again (create: true) and must not let the empty file pass for the
+// copy that was there; the primary makes a full sync.
+TEST_F(DataPathTest, AReplicaWhoseFileWasDeletedGetsAFullSync) {
+  if (!test_dax().empty()) GTEST_SKIP() << "a devdax device cannot be deleted";
+  start_targets(1);
+  {
+    auto volume = Volume::open(options());
+    ASSERT_TRUE(volume.ok()) << volume.status().to_string();
+    ASSERT_TRUE((*volume)->write(8192, "written before the replica lost it", 34).ok());
+  }
+  EXPECT_EQ(targets_[0]->terminate(), 0) << targets_[0]->log();
+  ASSERT_TRUE(std::filesystem::remove(replica_path(0)));
+  ASSERT_TRUE(targets_[0]->start()) << targets_[0]->log();
+  EXPECT_NE(targets_[0]->log().find("was missing and was created empty"), std::string::npos)
+      << targets_[0]->log();
+
+  auto volume = Volume::open(options());
+  ASSERT_TRUE(volume.ok()) << volume.status().to_string();
+  ReplicaStatus replica;
+  for (int i = 0; i < 600; ++i) {
+    replica = (*volume)->replicas()[0];
+    if (replica.connection == "connected") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(replica.connection, "connected") << replica.last_error;
+  EXPECT_EQ(replica.resynced_bytes, kSize) << "not a full sync";
+  volume->reset();
+  expect_replicas_equal_local();
+}
+
 TEST_F(DataPathTest, BadPeersAreRefusedWhileTheGoodInitiatorKeepsWriting) {
   start_targets(1);
   auto good = Volume::open(options());

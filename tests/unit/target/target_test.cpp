@@ -343,6 +343,7 @@ TEST_F(TargetTest, SetGenerationIsRecordedInTheCopy) {
 }
 
 TEST_F(TargetTest, UncleanCopyReportsItsActivityLogUntilInSync) {
+  write_pattern();  // the copy's file (a missing one would make the copy new)
   {
     // This copy was a primary that crashed with two extents in flight and a
     // peer it tracked.
