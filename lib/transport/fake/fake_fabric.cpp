@@ -32,26 +32,23 @@ std::string hex(uint64_t v) {
   return "0x" + s;
 }
 
+// Counts, for the calling thread, the scopes of one kind it is inside.
+class ScopeDepth {
+ public:
+  explicit ScopeDepth(int& depth) : depth_(depth) { ++depth_; }
+  ~ScopeDepth() { --depth_; }
+  ScopeDepth(const ScopeDepth&) = delete;
+  ScopeDepth& operator=(const ScopeDepth&) = delete;
+
+ private:
+  int& depth_;
+};
+
 // > 0 while this thread runs a PersistFn the fabric called (with its lock
 // held): mark_durable() from there must neither lock nor do anything.
 thread_local int t_in_persist_fn = 0;
-
-struct InPersistFn {
-  InPersistFn() { ++t_in_persist_fn; }
-  ~InPersistFn() { --t_in_persist_fn; }
-  InPersistFn(const InPersistFn&) = delete;
-  InPersistFn& operator=(const InPersistFn&) = delete;
-};
-
+// > 0 while this thread is inside the fabric (in_fabric_code()).
 thread_local int fabric_code_depth = 0;
-
-// Marks the calling thread as inside the fabric for a scope.
-struct InFabricCode {
-  InFabricCode() { ++fabric_code_depth; }
-  ~InFabricCode() { --fabric_code_depth; }
-  InFabricCode(const InFabricCode&) = delete;
-  InFabricCode& operator=(const InFabricCode&) = delete;
-};
 
 }  // namespace
 
@@ -369,7 +366,7 @@ struct Hub {
         else
           merged.push_back(r);
       }
-      InPersistFn in_persist_fn;
+      ScopeDepth in_persist_fn(t_in_persist_fn);
       for (auto& r : merged) {
         Status persisted =
             it->second.persist(reinterpret_cast<const void*>(r.first), r.second - r.first);
@@ -655,7 +652,7 @@ class FakeConnection final : public Connection {
   Status post_write(const MemoryRegion& local, size_t local_offset, size_t len,
                     const RemoteKey& remote, uint64_t remote_offset, uint64_t wr_id,
                     bool signaled) override {
-    InFabricCode fabric_code;
+    ScopeDepth fabric_code(fabric_code_depth);
     PMIRROR_ASSIGN_OR_RETURN(auto* mr, check_local(local, local_offset, len, "post_write"));
     Wr w;
     w.wr_id = wr_id;
@@ -671,7 +668,7 @@ class FakeConnection final : public Connection {
 
   Status post_read(const MemoryRegion& local, size_t local_offset, size_t len,
                    const RemoteKey& remote, uint64_t remote_offset, uint64_t wr_id) override {
-    InFabricCode fabric_code;
+    ScopeDepth fabric_code(fabric_code_depth);
     PMIRROR_ASSIGN_OR_RETURN(auto* mr, check_local(local, local_offset, len, "post_read"));
     Wr w;
     w.wr_id = wr_id;
@@ -685,7 +682,7 @@ class FakeConnection final : public Connection {
   }
 
   Status post_send(std::span<const std::byte> message, uint64_t wr_id) override {
-    InFabricCode fabric_code;
+    ScopeDepth fabric_code(fabric_code_depth);
     if (message.size() > options_.message_size)
       return Status(Errc::kInvalidArgument,
                     "post_send: message of " + std::to_string(message.size()) +
@@ -699,7 +696,7 @@ class FakeConnection final : public Connection {
   }
 
   Result<size_t> poll(std::span<Completion> out, std::chrono::milliseconds timeout) override {
-    InFabricCode fabric_code;
+    ScopeDepth fabric_code(fabric_code_depth);
     std::unique_lock lk(hub_->mu);
     End& e = hub_->ends.at(id_);
     if (e.cq.empty() && !e.broken && timeout.count() > 0 && !out.empty())
@@ -722,7 +719,7 @@ class FakeConnection final : public Connection {
   }
 
   Status repost_recv(uint32_t slot) override {
-    InFabricCode fabric_code;
+    ScopeDepth fabric_code(fabric_code_depth);
     std::lock_guard lk(hub_->mu);
     End& e = hub_->ends.at(id_);
     if (slot >= options_.recv_slots)
@@ -999,7 +996,7 @@ Status FakeFabric::persist(const void* addr, size_t len) {
   auto a = reinterpret_cast<uintptr_t>(addr);
   uintptr_t b = a + len;
   hub_->persist_range(a, b);
-  InPersistFn in_persist_fn;
+  ScopeDepth in_persist_fn(t_in_persist_fn);
   Status first;
   for (auto& [rkey, reg] : hub_->regs) {
     auto ra = reinterpret_cast<uintptr_t>(reg.base);
