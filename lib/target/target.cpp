@@ -159,10 +159,7 @@ class Target::Impl {
   // deleted: it is evidence) so that the copy starts as a new, empty
   // replica, which the primary fills with a full sync.
   Status set_aside_stale_metadata(const config::VolumeConfig& volume_config) {
-    const std::string path =
-        volume_config.metadata_path.empty()
-            ? metadata::default_metadata_path(volume_config.path, volume_config.name)
-            : volume_config.metadata_path;
+    const std::string path = copy_metadata_path(volume_config);
     std::error_code ec;
     if (!std::filesystem::exists(path, ec)) return Status::Ok();
     const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(

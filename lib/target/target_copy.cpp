@@ -87,11 +87,14 @@ Status WriterClaim::claim_for_command(ServedVolume& volume, const std::string& c
   return Status::Ok();
 }
 
+std::string copy_metadata_path(const config::VolumeConfig& volume) {
+  return volume.metadata_path.empty() ? metadata::default_metadata_path(volume.path, volume.name)
+                                      : volume.metadata_path;
+}
+
 metadata::CopyMetadata::Options metadata_options(const ServedVolume& volume, bool create) {
   metadata::CopyMetadata::Options options;
-  options.path = volume.config.metadata_path.empty()
-                     ? metadata::default_metadata_path(volume.config.path, volume.config.name)
-                     : volume.config.metadata_path;
+  options.path = copy_metadata_path(volume.config);
   options.volume_size = volume.region->size();
   options.chunk_size = volume.config.chunk;
   options.create_if_missing = create;

@@ -130,6 +130,8 @@ class WriterClaim {
   bool command_ = false;
 };
 
+// Where a volume's copy metadata lives: its `metadata:` or the default beside it.
+std::string copy_metadata_path(const config::VolumeConfig& volume);
 // metadata::CopyMetadata::Options for a volume's copy.
 metadata::CopyMetadata::Options metadata_options(const ServedVolume& volume, bool create);
 // Opens the copy's metadata; kBusy comes back naming the node and the pool
