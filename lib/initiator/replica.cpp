@@ -129,6 +129,7 @@ Status Replica::handshake(const Setup& setup) {
   credits_ = descriptor->recv_slots - 1;  // one slot stays free for a heartbeat
   // Every Commit in flight takes a credit: the ring never holds more.
   unacked_commits_.assign(std::max<uint32_t>(credits_, 1), 0);
+  std::get<protocol::Commit>(commit_message_).ranges.reserve(protocol::kMaxRangesPerMessage);
   std::copy(descriptor->copy_uuid.begin(), descriptor->copy_uuid.end(), remote_copy_.uuid.begin());
   remote_copy_.generations.current = descriptor->data_generation;
   for (size_t i = 0;
@@ -226,8 +227,9 @@ Status Replica::post_write_flush(uint64_t sequence, uint64_t offset, uint64_t le
   // The whole persist is one post_list (over rdma one doorbell): the Write,
   // then under APM the flush -- an 8-byte Read after the Writes on the same
   // connection completes only once they are placed (durable, under APM's
-  // platform rules) -- and the Commit carrying its bookkeeping; under GPSPM
-  // a PersistRequest instead of the Read and the Commit.
+  // platform rules) -- and, every kPersistsPerCommit persists, the Commit
+  // carrying the bookkeeping of those since the last one; under GPSPM a
+  // PersistRequest instead of the Read.
   std::array<transport::WorkRequest, 3> list;
   size_t count = 0;
   list[count++] =
@@ -235,17 +237,26 @@ Status Replica::post_write_flush(uint64_t sequence, uint64_t offset, uint64_t le
                                     kWriteTag | (sequence & kSequenceMask), /*signaled=*/false);
   size_t completes_from = 2;  // posted requests after which a completion will come
   bool requests = false;      // the last request takes a receive slot on the target
+  auto& commit_ranges = std::get<protocol::Commit>(commit_message_).ranges;
   if (apm_) {
     uint64_t flush_offset = std::min(offset, remote_size_ - kFlushReadSize);
     uint64_t tag = copy ? kResyncTag : kReadTag | (sequence & kSequenceMask);
     list[count++] =
         transport::WorkRequest::read(*flush_region_, 0, kFlushReadSize, remote_, flush_offset, tag);
     if (!copy) {
-      PMIRROR_ASSIGN_OR_RETURN(
-          list[count], encode_update<protocol::Commit>(*messenger_, commit_message_, sequence,
-                                                       generation_, offset, length));
-      ++count;
-      requests = true;
+      commit_ranges.push_back(protocol::Range{offset, length});  // capacity reserved
+      last_posted_sequence_ = sequence;
+      // Without a free slot the Commit waits for a later persist (a full
+      // Commit never does: post_persist waited for its slot).
+      if (commit_ranges.size() >= kPersistsPerCommit && credits_ > 0) {
+        auto encoded = encode_commit();
+        if (!encoded.ok()) {
+          commit_ranges.pop_back();
+          return fail(encoded.status());
+        }
+        list[count++] = *encoded;
+        requests = true;
+      }
     }
   } else {
     PMIRROR_ASSIGN_OR_RETURN(list[count], encode_update<protocol::PersistRequest>(
@@ -273,22 +284,58 @@ Status Replica::post_write_flush(uint64_t sequence, uint64_t offset, uint64_t le
   if (posted < completes_from) {
     // Without may_wait: nothing of it will complete, the replica is as it
     // was (a Write posted alone may still land: harmless, see post_persist).
+    if (apm_ && !copy) commit_ranges.pop_back();
     return Status(Errc::kResourceExhausted, "replica " + label_ + ": send queue full (" +
                                                 std::to_string(in_flight_count()) +
                                                 " persists unacknowledged)");
   }
+  if (apm_ && !copy) last_persist_posted_ = now;
   // Under APM without may_wait the Commit may be left out: it is
-  // bookkeeping only (the target's last sequence; a later Commit carries a
-  // higher one), and the persist is durable once its Read completes.
+  // bookkeeping only, and stays pending for a later one; the persist is
+  // durable once its Read completes.
   if (requests && posted == count) {
-    messenger_->sent();
     if (apm_) {
-      unacked_commits_[(unacked_head_ + unacked_count_) % unacked_commits_.size()] = sequence;
-      ++unacked_count_;
+      committed(now);
+    } else {
+      messenger_->sent();
+      --credits_;
+      last_sent_ = now;
     }
-    --credits_;
-    last_sent_ = now;
   }
+  return Status::Ok();
+}
+
+Result<transport::WorkRequest> Replica::encode_commit() {
+  auto& commit = std::get<protocol::Commit>(commit_message_);
+  commit.sequence = last_posted_sequence_;
+  commit.generation = generation_;
+  return messenger_->encode(commit_message_);
+}
+
+void Replica::committed(Clock::time_point now) {
+  messenger_->sent();
+  std::get<protocol::Commit>(commit_message_).ranges.clear();
+  unacked_commits_[(unacked_head_ + unacked_count_) % unacked_commits_.size()] =
+      last_posted_sequence_;
+  ++unacked_count_;
+  --credits_;
+  last_sent_ = now;
+}
+
+size_t Replica::uncommitted() const {
+  return std::get<protocol::Commit>(commit_message_).ranges.size();
+}
+
+Status Replica::commit_if_idle(Clock::time_point now) {
+  if (failed() || uncommitted() == 0 || credits_ == 0) return Status::Ok();
+  // Not behind a persist or copy in flight (a Send after a Read being
+  // retransmitted can stall Soft-RoCE, see heartbeat()), and not between
+  // persists that come fast: they carry it.
+  if (awaits_answer() || now - last_persist_posted_ < kCommitWhenIdleFor) return Status::Ok();
+  PMIRROR_ASSIGN_OR_RETURN(auto request, encode_commit());
+  auto took = connection_->post_list(std::span(&request, 1));
+  if (!took.ok()) return fail(took.status());
+  if (*took == 1) committed(now);  // otherwise the send queue is full: later
   return Status::Ok();
 }
 
@@ -299,7 +346,11 @@ Status Replica::post_persist(uint64_t sequence, uint64_t offset, uint64_t length
     return Status(Errc::kInternal,
                   "replica " + label_ + " takes no persist: no ledger to track it");
   }
-  PMIRROR_RETURN_IF_ERROR(await_credit(may_wait));
+  // A PersistRequest takes a receive slot; under APM only a Commit does,
+  // and only a full one must go with this persist.
+  if (!apm_ || uncommitted() + 1 >= protocol::kMaxRangesPerMessage) {
+    PMIRROR_RETURN_IF_ERROR(await_credit(may_wait));
+  }
   const auto now = Clock::now();  // the one clock read of a persist's posting
   PMIRROR_RETURN_IF_ERROR(post_write_flush(sequence, offset, length, may_wait, now));
   ledger_->posted(index_, sequence, now);
@@ -606,6 +657,20 @@ void Replica::close() {
   }
   if (auto newest = ledger_ ? ledger_->newest_pending(index_) : std::nullopt) {
     (void)wait_for(*newest);
+  }
+  if (!failed() && uncommitted() > 0 && await_credit(/*may_wait=*/true).ok()) {
+    // The target records how far this session got (a reopened primary's
+    // sequences go on from there). A Commit refused here loses nothing:
+    // every persist it covers is durable.
+    auto request = encode_commit();
+    if (request.ok() && post_with_retry([&]() -> Status {
+                          auto took = connection_->post_list(std::span(&*request, 1));
+                          if (!took.ok()) return took.status();
+                          return *took == 1 ? Status::Ok()
+                                            : Status(Errc::kResourceExhausted, "send queue full");
+                        }).ok()) {
+      committed(Clock::now());
+    }
   }
   if (!failed()) {
     // Let the Goodbye leave before the connection goes down.

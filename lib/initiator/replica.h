@@ -27,6 +27,15 @@
 
 namespace pmirror::initiator {
 
+// Under APM a persist is durable once its flush Read completes; the Commit
+// that tells the target its sequence is bookkeeping, and one covers this
+// many persists (docs/protocol.md, section 5): a Send, a wake-up of the
+// target and a credit per this many, not per persist.
+inline constexpr size_t kPersistsPerCommit = 32;
+// A Commit for the persists not yet committed goes out once none was
+// posted for this long (and none is in flight).
+inline constexpr std::chrono::milliseconds kCommitWhenIdleFor{2};
+
 class Replica {
  public:
   struct Setup {
@@ -53,9 +62,11 @@ class Replica {
   // session posts persists only once tracked.
   void track_in(PersistLedger& ledger, size_t index);
 
-  // Posts the Writes and the flush (APM Read + Commit, or PersistRequest)
-  // for one persist. With `may_wait`, waits (up to operation_timeout) while
-  // the target has no free receive slot or the send queue is full.
+  // Posts the Writes and the flush (APM Read, or PersistRequest) for one
+  // persist; under APM every kPersistsPerCommit-th also carries the Commit
+  // of the persists since the last one (see commit_if_idle()). With
+  // `may_wait`, waits (up to operation_timeout) while the target has no
+  // free receive slot the persist needs or the send queue is full.
   // Without, never waits: returns kResourceExhausted and leaves the replica
   // as it was when it cannot take the persist now (nothing of it will
   // complete; a Write already posted may still land, which is harmless to
@@ -130,7 +141,16 @@ class Replica {
   // reports it too.
   void abandon(const Status& why);
   bool uses_apm() const { return apm_; }
-  // Orderly close: drains, says Goodbye, disconnects.
+  // APM: persists recorded on the target by no Commit yet (their Commit
+  // comes with a later persist, or from commit_if_idle()).
+  size_t uncommitted() const;
+  // The Commit of the persists not yet recorded on the target, once none
+  // is in flight here and none was posted for kCommitWhenIdleFor (the
+  // supervisor's call): what a quiet volume's target records. Never waits;
+  // nothing to do without a free receive slot (later, then).
+  Status commit_if_idle(std::chrono::steady_clock::time_point now);
+  // Orderly close: drains, sends the last Commit, says Goodbye,
+  // disconnects.
   void close();
 
   ReplicaStatus status() const;
@@ -161,6 +181,10 @@ class Replica {
   // `now`: when it is posted (the caller's one clock read).
   Status post_write_flush(uint64_t sequence, uint64_t offset, uint64_t length, bool may_wait,
                           std::chrono::steady_clock::time_point now);
+  // The pending Commit, encoded for a post_list; the caller posts it and
+  // then calls committed().
+  Result<transport::WorkRequest> encode_commit();
+  void committed(std::chrono::steady_clock::time_point now);
   // Retries a post while the send queue is full.
   Status post_with_retry(const std::function<Status()>& post);
 
@@ -204,7 +228,11 @@ class Replica {
   std::pair<uint64_t, bool> generation_update_{};  // (generation, consistent) in flight
   std::optional<protocol::VerifyReply> verify_reply_;
   // Reused from persist to persist, so that posting one allocates nothing.
+  // Its ranges are those of the persists since the last Commit, one per
+  // persist, in order (capacity reserved: no allocation).
   protocol::Message commit_message_{protocol::Commit{}};
+  uint64_t last_posted_sequence_ = 0;  // the newest persist posted here
+  std::chrono::steady_clock::time_point last_persist_posted_{};
   protocol::Message persist_request_message_{protocol::PersistRequest{}};
   std::vector<protocol::Message> pumped_;
   std::optional<std::chrono::steady_clock::time_point> pump_now_;  // see pump_clock()

@@ -70,6 +70,11 @@ Work VolumeSupervisor::supervise(Peer& peer) {
     peers_.drop(peer, alive);
     return work;
   }
+  // A quiet volume's last persists are recorded on the target too.
+  if (Status committed = peer.replica->commit_if_idle(Clock::now()); !committed.ok()) {
+    peers_.drop(peer, committed);
+    return work;
+  }
   if (peer.lagging && peer.replica->in_flight_count() == 0 && peer.replica->has_credit()) {
     resyncer_.catch_up(peer);
     work = Work::kBusy;

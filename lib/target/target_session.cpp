@@ -411,11 +411,12 @@ class Session {
   // ---- one handler per message the initiator may send in a session
 
   // An update (Commit, or PersistRequest under GPSPM) is recorded: the
-  // sequence it carries becomes the last one applied.
+  // sequence it carries becomes the last one applied. It holds one range
+  // per persist it covers (a Commit covers those since the last one).
   void record_update(uint64_t sequence, const std::vector<protocol::Range>& ranges) {
     book_.last_sequence = sequence;
     volume_.applied_sequence.store(book_.last_sequence);
-    ++record_.persists;
+    record_.persists += ranges.size();
     for (const auto& range : ranges) record_.bytes += range.length;
     record_.acknowledged = sequence;
   }

@@ -150,6 +150,12 @@ std::vector<std::byte> FakeTargetsTest::target_bytes(size_t i) const {
   return out;
 }
 
+target::VolumeStatus FakeTargetsTest::target_volume(size_t i) const {
+  target::TargetStatus status = nodes_[i]->target->status();
+  EXPECT_EQ(status.volumes.size(), 1u);
+  return status.volumes.empty() ? target::VolumeStatus{} : status.volumes[0];
+}
+
 void FakeTargetsTest::scribble_on_target(size_t i, uint64_t offset, std::byte value) {
   int fd = ::open(target_path(i).c_str(), O_WRONLY);
   ASSERT_GE(fd, 0) << std::strerror(errno);

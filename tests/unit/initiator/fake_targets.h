@@ -61,6 +61,8 @@ class FakeTargetsTest : public ::testing::Test {
 
   // Target i's copy of the volume, as its file holds it now.
   std::vector<std::byte> target_bytes(size_t i) const;
+  // Target i's status of the volume (what it recorded, its sessions).
+  target::VolumeStatus target_volume(size_t i) const;
   // Changes target i's copy behind its back (damage, for verify).
   void scribble_on_target(size_t i, uint64_t offset, std::byte value);
 

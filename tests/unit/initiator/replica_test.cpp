@@ -56,6 +56,28 @@ class ReplicaTest : public FakeTargetsTest {
     return posted;
   }
 
+  // Posts `count` persists of `length` bytes of `byte`, `stride` apart from
+  // offset 0 (waiting as post_persist does); returns the last sequence.
+  uint64_t post_run(uint64_t count, uint64_t stride, uint64_t length, std::byte byte) {
+    uint64_t sequence = 0;
+    for (uint64_t i = 0; i < count; ++i) {
+      sequence = store(stride * i, length, byte);
+      Status posted = replica_->post_persist(sequence, stride * i, length);
+      EXPECT_TRUE(posted.ok()) << "persist " << i << ": " << posted.to_string();
+    }
+    return sequence;
+  }
+
+  // Whether target 0 records `sequence` as its last applied one within 5 s
+  // (its session thread handles the Commit).
+  bool target_records(uint64_t sequence) {
+    for (int i = 0; i < 5000; ++i) {
+      if (target_volume(0).applied_sequence == sequence) return true;
+      std::this_thread::sleep_for(1ms);
+    }
+    return false;
+  }
+
   // Polls the resync copy in flight until it is done (true), fails, or 5 s
   // passed.
   bool resync_finishes() {
@@ -94,18 +116,77 @@ class ReplicaTest : public FakeTargetsTest {
   int done_ = 0;
 };
 
-TEST_F(ReplicaTest, ApmPersistIsAWriteAReadAndACommit) {
+TEST_F(ReplicaTest, ApmPersistIsAWriteAndARead) {
   open(config::ApmPolicy::kOn);
   ASSERT_TRUE(replica_->uses_apm());
   uint64_t sequence = store(8192, 300, std::byte{0x5a});
   uint64_t before = fabric().executed("initiator");
   ASSERT_TRUE(replica_->post_persist(sequence, 8192, 300).ok());
-  EXPECT_EQ(fabric().executed("initiator") - before, 3u) << "Write, flush Read, Commit";
+  EXPECT_EQ(fabric().executed("initiator") - before, 2u) << "Write, flush Read";
   ASSERT_TRUE(replica_->wait_for(sequence).ok());
   EXPECT_EQ(replica_->done_upto(), sequence);
   EXPECT_EQ(ledger_.pending_count(0), 0u);
   EXPECT_EQ(done_, 1);
   EXPECT_TRUE(target_holds(8192, 300, std::byte{0x5a}));
+  EXPECT_EQ(replica_->uncommitted(), 1u) << "its Commit goes with a later persist";
+}
+
+// One Commit records a run of persists: every kPersistsPerCommit-th
+// persist carries it, with one range per persist it covers.
+TEST_F(ReplicaTest, ACommitGoesWithEveryRunOfPersistsAndCoversThemAll) {
+  open(config::ApmPolicy::kOn);
+  uint64_t sequence = 0;
+  for (size_t i = 0; i < kPersistsPerCommit; ++i) {
+    sequence = store(i * 100, 100, std::byte{0x11});
+    uint64_t before = fabric().executed("initiator");
+    ASSERT_TRUE(replica_->post_persist(sequence, i * 100, 100).ok());
+    const bool last = i + 1 == kPersistsPerCommit;
+    EXPECT_EQ(fabric().executed("initiator") - before, last ? 3u : 2u) << "persist " << i;
+    ASSERT_TRUE(replica_->wait_for(sequence).ok());
+    if (!last) {
+      EXPECT_EQ(target_volume(0).applied_sequence, 0u) << "persist " << i;
+    }
+  }
+  EXPECT_EQ(replica_->uncommitted(), 0u);
+  EXPECT_TRUE(target_records(sequence)) << target_volume(0).applied_sequence;
+  target::VolumeStatus recorded = target_volume(0);
+  ASSERT_FALSE(recorded.sessions.empty());
+  EXPECT_EQ(recorded.sessions[0].persists, kPersistsPerCommit);
+  EXPECT_EQ(recorded.sessions[0].bytes, kPersistsPerCommit * 100);
+  EXPECT_TRUE(target_holds(0, kPersistsPerCommit * 100, std::byte{0x11}));
+}
+
+// The persists of a volume that went quiet are recorded too: once nothing
+// was posted for kCommitWhenIdleFor and nothing is in flight.
+TEST_F(ReplicaTest, AQuietReplicaGetsTheCommitOfItsLastPersists) {
+  open(config::ApmPolicy::kOn);
+  post_run(5, 4096, 64, std::byte{0x42});
+  const auto posted = Clock::now();
+  // Not while a persist is in flight, however long ago it was posted.
+  fabric().set_manual(true);
+  uint64_t in_flight = store(1 << 19, 64, std::byte{0x43});
+  ASSERT_TRUE(replica_->post_persist(in_flight, 1 << 19, 64).ok());
+  size_t queued = fabric().pending();
+  ASSERT_TRUE(replica_->commit_if_idle(posted + 1s).ok());
+  EXPECT_EQ(fabric().pending(), queued) << "no Commit behind the persist in flight";
+  fabric().set_manual(false);
+  ASSERT_TRUE(replica_->wait_for(in_flight).ok());
+  // Not right after the last persist: the next one would carry it.
+  ASSERT_TRUE(replica_->commit_if_idle(Clock::now()).ok());
+  EXPECT_EQ(replica_->uncommitted(), 6u);
+  ASSERT_TRUE(replica_->commit_if_idle(Clock::now() + kCommitWhenIdleFor).ok());
+  EXPECT_EQ(replica_->uncommitted(), 0u);
+  EXPECT_TRUE(target_records(in_flight)) << target_volume(0).applied_sequence;
+  EXPECT_EQ(target_volume(0).sessions[0].persists, 6u);
+}
+
+TEST_F(ReplicaTest, AnOrderlyCloseSendsTheLastCommit) {
+  open(config::ApmPolicy::kOn);
+  uint64_t sequence = post_run(3, 512, 512, std::byte{0x17});
+  replica_->close();
+  EXPECT_TRUE(target_records(sequence)) << target_volume(0).applied_sequence;
+  EXPECT_EQ(target_volume(0).sessions[0].persists, 3u);
+  EXPECT_TRUE(target_holds(0, 1536, std::byte{0x17}));
 }
 
 TEST_F(ReplicaTest, GpspmPersistIsAWriteAndAPersistRequest) {
@@ -131,8 +212,10 @@ TEST_F(ReplicaTest, GpspmResyncCopyIsAWriteAndAPersistRequest) {
   copy_and_check();
 }
 
+// (Under GPSPM every persist takes a receive slot: under APM only a
+// Commit, for many persists.)
 TEST_F(ReplicaTest, WithoutWaitingAFullTargetRefusesAndNothingIsPosted) {
-  open(config::ApmPolicy::kOn);
+  open(config::ApmPolicy::kOff);
   uint64_t posted = exhaust_credits();
   EXPECT_GT(posted, 0u);
   uint64_t sequence = store(1 << 19, 64, std::byte{2});
@@ -152,8 +235,6 @@ TEST_F(ReplicaTest, WithoutWaitingAFullTargetRefusesAndNothingIsPosted) {
   fabric().set_manual(false);
   ASSERT_TRUE(replica_->drain().ok());
   EXPECT_EQ(replica_->done_upto(), posted);
-  // (Flushes complete before the CommitAcks that return the slots: this
-  // one waits for a slot.)
   ASSERT_TRUE(replica_->post_persist(sequence, 1 << 19, 64, /*may_wait=*/true).ok());
   ASSERT_TRUE(replica_->wait_for(sequence).ok());
   EXPECT_TRUE(target_holds(1 << 19, 64, std::byte{2}));
@@ -171,7 +252,7 @@ TEST_F(ReplicaTest, AHeartbeatWaitsUntilNothingIsOutstanding) {
   uint64_t sequence = store(4096, 128, std::byte{0x21});
   ASSERT_TRUE(replica_->post_persist(sequence, 4096, 128).ok());
   const size_t queued = fabric().pending();
-  EXPECT_EQ(queued, 3u) << "Write, flush Read, Commit";
+  EXPECT_EQ(queued, 2u) << "Write, flush Read";
   ASSERT_TRUE(replica_->heartbeat().ok());
   EXPECT_EQ(fabric().pending(), queued) << "no Ping behind the outstanding persist";
 
@@ -192,7 +273,7 @@ TEST_F(ReplicaTest, AHeartbeatWaitsUntilNothingIsOutstanding) {
 }
 
 TEST_F(ReplicaTest, WaitingForACreditGivesUpAfterTheOperationTimeout) {
-  open(config::ApmPolicy::kOn, 300ms);
+  open(config::ApmPolicy::kOff, 300ms);
   exhaust_credits();
   Status copy = replica_->post_resync(0, 4096);
   EXPECT_EQ(copy.code(), Errc::kTimeout) << copy.to_string();
