@@ -308,6 +308,58 @@ class RecoveryTest : public ::testing::Test {
     return cluster_->add_volume(spec);
   }
 
+  // Volume "v": primary "app" (no daemon), replicas n1 and n2 running;
+  // `ack` replicas acknowledge (0: all).
+  void start_app_and_two_replicas(uint64_t size, uint32_t ack = 0) {
+    cluster_->add_node("app", false);
+    cluster_->add_node("n1");
+    cluster_->add_node("n2");
+    volume(size, "app", {"n1", "n2"}, ack);
+    cluster_->write_config();
+    ASSERT_TRUE(cluster_->start("n1")) << cluster_->logs();
+    ASSERT_TRUE(cluster_->start("n2")) << cluster_->logs();
+  }
+
+  // pmirror-record-writer writing v as app with `options` (after the
+  // common ones), kill -9'd at a moment chosen by the clock once
+  // `enough` held for a line it printed. Its "acked" record numbers, in
+  // the order printed (empty if it never got there: a test failure).
+  std::vector<uint64_t> kill_writer_once(const std::vector<std::string>& options,
+                                         const std::function<bool(const std::string&)>& enough) {
+    std::vector<std::string> argv = {testing::record_writer_binary(),
+                                     "write",
+                                     "--config",
+                                     cluster_->config_path(),
+                                     "--volume",
+                                     "v",
+                                     "--node",
+                                     "app",
+                                     "--identity",
+                                     "app",
+                                     "--record-size",
+                                     std::to_string(kRecord)};
+    argv.insert(argv.end(), options.begin(), options.end());
+    testing::LineProcess writer;
+    if (!writer.start(argv, cluster_->dir() + "/writer.err")) {
+      ADD_FAILURE() << "the writer did not start";
+      return {};
+    }
+    if (!writer.wait_for_line(enough, scaled(60s))) {
+      ADD_FAILURE() << "the writer did not get far enough: " << writer.stderr_text()
+                    << cluster_->logs();
+      return {};
+    }
+    std::mt19937 rng(static_cast<unsigned>(::getpid()));
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+    writer.signal(SIGKILL);
+    EXPECT_EQ(writer.wait(), 128 + SIGKILL);
+    std::vector<uint64_t> acked;
+    for (const auto& line : writer.lines()) {
+      if (line.rfind("acked ", 0) == 0) acked.push_back(std::stoull(line.substr(6)));
+    }
+    return acked;
+  }
+
   Result<UniqueVolume> open_as(const std::string& node) {
     return Volume::open_from_config(cluster_->config_path(), "v", "app", node);
   }
@@ -395,13 +447,7 @@ constexpr size_t kInFlightWindow = 64;
 TEST_F(RecoveryTest, KilledReplicaGetsOnlyTheChunksWrittenWhileItWasDown) {
   constexpr uint64_t kSize = 64ull << 20;
   constexpr uint64_t kChunks = kSize / kChunk;
-  cluster_->add_node("app", false);
-  cluster_->add_node("n1");
-  cluster_->add_node("n2");
-  volume(kSize, "app", {"n1", "n2"}, 1);
-  cluster_->write_config();
-  ASSERT_TRUE(cluster_->start("n1")) << cluster_->logs();
-  ASSERT_TRUE(cluster_->start("n2")) << cluster_->logs();
+  ASSERT_NO_FATAL_FAILURE(start_app_and_two_replicas(kSize, 1));
 
   auto opened = open_as("app");
   ASSERT_TRUE(opened.ok()) << opened.status().to_string() << cluster_->logs();
@@ -480,39 +526,17 @@ TEST_F(RecoveryTest, KilledReplicaGetsOnlyTheChunksWrittenWhileItWasDown) {
 TEST_F(RecoveryTest, KilledInitiatorLeavesEveryAcknowledgedRecordOnTheReplicas) {
   constexpr uint64_t kSize = 32ull << 20;
   constexpr uint64_t kDepth = 4;
-  cluster_->add_node("app", false);
-  cluster_->add_node("n1");
-  cluster_->add_node("n2");
-  volume(kSize, "app", {"n1", "n2"}, 0);  // every replica acknowledges
-  cluster_->write_config();
-  ASSERT_TRUE(cluster_->start("n1")) << cluster_->logs();
-  ASSERT_TRUE(cluster_->start("n2")) << cluster_->logs();
+  ASSERT_NO_FATAL_FAILURE(start_app_and_two_replicas(kSize));
   RecordLayout layout(kSize, kRecord);
-
-  testing::LineProcess writer;
-  ASSERT_TRUE(
-      writer.start({testing::record_writer_binary(), "write", "--config", cluster_->config_path(),
-                    "--volume", "v", "--node", "app", "--identity", "app", "--record-size",
-                    std::to_string(kRecord), "--depth", std::to_string(kDepth), "--tag", "7"},
-                   cluster_->dir() + "/writer.err"));
-  // Kill it somewhere after 400 records, at a moment chosen by the clock.
+  // Killed somewhere after 400 records.
   std::mt19937 rng(static_cast<unsigned>(::getpid()));
   const uint64_t kill_after = 400 + rng() % 400;
-  bool reached = writer.wait_for_line(
-      [&](const std::string& line) {
+  std::vector<uint64_t> lines = kill_writer_once(
+      {"--depth", std::to_string(kDepth), "--tag", "7"}, [&](const std::string& line) {
         return line.rfind("acked ", 0) == 0 && std::stoull(line.substr(6)) >= kill_after;
-      },
-      scaled(60s));
-  ASSERT_TRUE(reached) << "the writer did not get to record " << kill_after << ": "
-                       << writer.stderr_text() << cluster_->logs();
-  std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
-  writer.signal(SIGKILL);
-  EXPECT_EQ(writer.wait(), 128 + SIGKILL);
-  uint64_t acked = 0;
-  for (const auto& line : writer.lines()) {
-    if (line.rfind("acked ", 0) == 0)
-      acked = std::max<uint64_t>(acked, std::stoull(line.substr(6)));
-  }
+      });
+  ASSERT_FALSE(lines.empty());
+  const uint64_t acked = *std::max_element(lines.begin(), lines.end());
   ASSERT_GE(acked, kill_after);
   std::fprintf(stderr, "[kill -9 initiator] last acknowledged record %llu\n",
                static_cast<unsigned long long>(acked));
@@ -545,6 +569,64 @@ TEST_F(RecoveryTest, KilledInitiatorLeavesEveryAcknowledgedRecordOnTheReplicas) 
     EXPECT_GE(peer_counter(v, node, "resynced_chunks"), 1u)
         << "the crashed primary's activity log must have made " << node << " resync its extents"
         << diag(v);
+  }
+  reopened->reset();
+  EXPECT_EQ(compare_copies(cluster_->copy_path("app"), cluster_->copy_path("n1")), "");
+  EXPECT_EQ(compare_copies(cluster_->copy_path("app"), cluster_->copy_path("n2")), "");
+}
+
+// kill -9 a primary whose four threads persist at once: each thread's
+// acknowledged records are on both replicas whatever the others did, and
+// a reopened primary goes on (its sequences start after the highest any
+// replica recorded; a Commit covers many persists, so the replicas
+// recorded fewer than were durable).
+TEST_F(RecoveryTest, KilledInitiatorWithFourWriterThreadsLeavesEveryAcknowledgedRecord) {
+  constexpr uint64_t kSize = 16ull << 20;
+  constexpr uint64_t kThreads = 4;
+  ASSERT_NO_FATAL_FAILURE(start_app_and_two_replicas(kSize));
+  RecordLayout layout(kSize, kRecord);
+  std::mt19937 rng(static_cast<unsigned>(::getpid()) + 1);
+  const uint64_t kill_after = 300 + rng() % 300;
+  uint64_t seen = 0;
+  std::vector<uint64_t> acked = kill_writer_once(
+      {"--threads", std::to_string(kThreads), "--tag", "9"}, [&](const std::string& line) {
+        return line.rfind("acked ", 0) == 0 && ++seen >= kill_after;
+      });
+  ASSERT_GE(acked.size(), kill_after);
+  const uint64_t highest = *std::max_element(acked.begin(), acked.end());
+  std::fprintf(stderr, "[kill -9, %llu writer threads] %zu records acknowledged, highest %llu\n",
+               static_cast<unsigned long long>(kThreads), acked.size(),
+               static_cast<unsigned long long>(highest));
+
+  for (const std::string node : {"n1", "n2", "app"}) {
+    auto scan = scan_copy(cluster_->copy_path(node), layout);
+    std::string problems;
+    for (uint64_t seq : acked) {
+      const auto& record = scan.records[seq];
+      if (record.state != testing::RecordState::kValid || record.tag != 9) {
+        problems += "acknowledged record " + std::to_string(seq) + " is not there intact; ";
+      }
+    }
+    // Each thread had at most one record in flight, never beyond its
+    // acknowledged one plus kThreads.
+    for (uint64_t seq = highest + kThreads + 1; seq < scan.records.size(); ++seq) {
+      if (scan.records[seq].state != testing::RecordState::kEmpty) {
+        problems += "record " + std::to_string(seq) + " was never started but is there; ";
+      }
+    }
+    EXPECT_EQ(problems, "") << node << ": " << scan.summary();
+  }
+
+  auto reopened = open_retrying("app", scaled(30s));
+  ASSERT_TRUE(reopened.ok()) << reopened.status().to_string() << cluster_->logs();
+  Volume& v = **reopened;
+  ASSERT_TRUE(wait_in_sync(v, "n1")) << diag(v);
+  ASSERT_TRUE(wait_in_sync(v, "n2")) << diag(v);
+  // Persists go on after the crash: the targets accept the new sequences.
+  for (uint64_t seq = highest + kThreads + 1; seq <= highest + kThreads + 100; ++seq) {
+    testing::make_record(v.data() + layout.offset_of(seq), layout, seq, 9);
+    Status s = v.persist(layout.offset_of(seq), layout.record_size());
+    ASSERT_TRUE(s.ok()) << "record " << seq << " after the reopen: " << s.to_string() << diag(v);
   }
   reopened->reset();
   EXPECT_EQ(compare_copies(cluster_->copy_path("app"), cluster_->copy_path("n1")), "");
@@ -1192,13 +1274,7 @@ TEST_F(RecoveryTest, MetricsShowBothSidesAndTheAlertsFireOnlyForTheDegradedVolum
 // replica; `--mark-dirty` has it resynced.
 TEST_F(RecoveryTest, VerifyFindsACorruptedByteAndMarkDirtyRepairsIt) {
   constexpr uint64_t kSize = 16ull << 20;
-  cluster_->add_node("app", false);
-  cluster_->add_node("n1");
-  cluster_->add_node("n2");
-  volume(kSize, "app", {"n1", "n2"}, 1);
-  cluster_->write_config();
-  ASSERT_TRUE(cluster_->start("n1")) << cluster_->logs();
-  ASSERT_TRUE(cluster_->start("n2")) << cluster_->logs();
+  ASSERT_NO_FATAL_FAILURE(start_app_and_two_replicas(kSize, 1));
   RecordLayout layout(kSize, kRecord);
   auto opened = open_as("app");
   ASSERT_TRUE(opened.ok()) << opened.status().to_string() << cluster_->logs();

@@ -6,12 +6,15 @@
 //   pmirror-record-writer write --config FILE --volume V --node NODE [--identity ID]
 //        [--record-size 4096] [--first-seq 1] [--count N] [--tag T] [--depth D]
 //        [--rate RECORDS_PER_S] [--hold-open] [--keep-going] [--open-timeout SEC]
+//        [--threads N]
 //     prints "opened V size S slots N", then "acked SEQ" after each persist
 //     returns (flushed at once), "done LAST" when count records are written.
 //     SIGTERM/SIGINT: stops after the persist in progress, drains, closes,
 //     prints "stopped LAST" and exits 0. --hold-open: after the last record,
 //     prints "idle" and keeps the volume open until SIGTERM. Exit 1 on a
 //     failed persist (without --keep-going: then "failed SEQ MESSAGE").
+//     --threads N: N threads persist records first+t, first+t+N, ... at
+//     once; "acked SEQ" in any order, "done N" the number acknowledged.
 //
 //   pmirror-record-writer check --path P --size S [--record-size 4096]
 //        [--acked A] [--first 1] [--window 1] [--tag T]
@@ -29,6 +32,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -36,9 +40,11 @@
 #include <deque>
 #include <iostream>
 #include <iterator>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <pmirror/pmirror.hpp>
 #include <thread>
+#include <vector>
 
 #include "config/config.h"
 #include "region/region.h"
@@ -61,7 +67,10 @@ uint64_t size_arg(const std::string& text, const char* what) {
   return *size;
 }
 
+std::mutex g_say_mutex;  // writer threads share stdout, a line at a time
+
 void say(const std::string& line) {
+  std::lock_guard lock(g_say_mutex);
   std::fputs((line + "\n").c_str(), stdout);
   std::fflush(stdout);
 }
@@ -69,13 +78,54 @@ void say(const std::string& line) {
 struct WriteArgs {
   std::string config, volume, node, identity = "app";
   std::string record_size = "4096";
-  uint64_t first_seq = 1, count = 0, tag = 1, depth = 1;
+  uint64_t first_seq = 1, count = 0, tag = 1, depth = 1, threads = 1;
   double rate = 0;
   bool hold_open = false, keep_going = false;
   int open_timeout = 0;
 };
 
+// --threads N: thread t writes records first+t, first+t+N, ... with a
+// persist each (depth 1), all at once on the one volume. "acked SEQ" lines
+// then come in any order; "done N" counts the records acknowledged.
+int write_from_threads(const WriteArgs& a, pmirror::Volume& volume, const RecordLayout& layout,
+                       uint64_t last) {
+  std::atomic<uint64_t> acknowledged{0};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> writers;
+  for (uint64_t t = 0; t < a.threads; ++t) {
+    writers.emplace_back([&, t] {
+      for (uint64_t seq = a.first_seq + t; seq <= last && !g_stop; seq += a.threads) {
+        uint64_t offset = layout.offset_of(seq);
+        pmirror::testing::make_record(volume.data() + offset, layout, seq, a.tag);
+        pmirror::Status s = volume.persist(offset, layout.record_size());
+        if (!s.ok()) {
+          say("failed " + std::to_string(seq) + " " + s.message());
+          ++failures;
+          if (!a.keep_going) return;
+          continue;
+        }
+        ++acknowledged;
+        say("acked " + std::to_string(seq));
+      }
+    });
+  }
+  for (auto& writer : writers) writer.join();
+  if (!g_stop && failures == 0) {
+    say("done " + std::to_string(acknowledged.load()));
+    if (a.hold_open) {
+      say("idle");
+      while (!g_stop) std::this_thread::sleep_for(50ms);
+    }
+  }
+  if (g_stop) say("stopped " + std::to_string(acknowledged.load()));
+  return failures == 0 ? 0 : 1;
+}
+
 int run_write(const WriteArgs& a) {
+  if (a.threads > 1 && (a.depth > 1 || a.rate > 0)) {
+    std::fprintf(stderr, "--threads takes neither --depth nor --rate\n");
+    return 2;
+  }
   std::signal(SIGTERM, on_stop);
   std::signal(SIGINT, on_stop);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(a.open_timeout);
@@ -98,6 +148,12 @@ int run_write(const WriteArgs& a) {
       std::to_string(layout.slots()));
   uint64_t last =
       a.count == 0 ? layout.slots() : std::min(layout.slots(), a.first_seq + a.count - 1);
+  if (a.threads > 1) {
+    int status = write_from_threads(a, *volume, layout, last);
+    volume.reset();
+    say("closed");
+    return status;
+  }
   std::deque<std::pair<uint64_t, uint64_t>> in_flight;  // (volume sequence, record seq)
   uint64_t acked = a.first_seq - 1;
   int failures = 0;
@@ -280,6 +336,9 @@ int main(int argc, char** argv) {
   write->add_option("--tag", w.tag, "a number stored in every record (default 1)");
   write->add_option("--depth", w.depth, "asynchronous persists in flight (default 1)");
   write->add_option("--rate", w.rate, "records per second (0: as fast as possible)");
+  write->add_option("--threads", w.threads,
+                    "writer threads, each persisting its own records (default 1; more: "
+                    "depth 1, no --rate)");
   write->add_flag("--hold-open", w.hold_open, "keep the volume open after the last record");
   write->add_flag("--keep-going", w.keep_going, "report failed persists and go on");
   write->add_option("--open-timeout", w.open_timeout, "retry opening for this many seconds");
