@@ -57,9 +57,13 @@ if [[ ${PMIRROR_SKIP_TSAN:-0} != 1 ]]; then
   reports=$repo/build-tsan/tsan-reports
   rm -rf "$reports" && mkdir -p "$reports"
   tsan_status=0
+  # Not here: tests with one thread of ours that take minutes under TSan
+  # (a 288 MiB persist; pmemobj pools killed in a loop). The other passes
+  # run them; docs/testing.md, "Time each stage takes".
+  tsan_skip='^(InsufficientTest\.APersistWiderThanTheActivityLogArrivesWhole|MetadataTest\..*SurviveSigkill)$'
   (cd "$repo/build-tsan" &&
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 log_path=$reports/tsan suppressions=$repo/tests/sanitizers/tsan.supp" \
-      ctest --output-on-failure --timeout 900 -j 2) || tsan_status=$?
+      ctest --output-on-failure --timeout 900 -j 2 -E "$tsan_skip") || tsan_status=$?
   if compgen -G "$reports/tsan.*" >/dev/null; then
     echo "ThreadSanitizer reported (tests/sanitizers/tsan.supp lists what is suppressed and why):"
     cat "$reports"/tsan.*
