@@ -321,8 +321,12 @@ class SpawnedTarget {
           << "    paths:\n"
           << "      bench: " << dir_ << "/local.img\n"
           << "      target: " << (volume_path_.empty() ? dir_ + "/replica.img" : volume_path_)
-          << "\n"
-          << "    size: " << size << "\n"
+          << "\n";
+      // Beside this target's other files: two targets on devdax would
+      // otherwise share /var/lib/pmirror/<volume>.pmirror (and a run would
+      // meet the generations of the last).
+      if (!volume_path_.empty()) out << "    metadata: {target: " << dir_ << "/replica.pmirror}\n";
+      out << "    size: " << size << "\n"
           << "    create: true\n"
           << "    allowed_peers: [" << identity << "]\n"
           << "    secret: \"" << secret << "\"\n"
@@ -376,7 +380,7 @@ class SpawnedTarget {
 
   std::string endpoint() const { return address_ + ":" + std::to_string(port_); }
 
-  // --first-target-volume (lab benchmark, scripts/lab/bench.sh): serve the
+  // --target-volume (lab benchmark, scripts/lab/bench.sh): serve the
   // volume from this path (e.g. a devdax device) instead of DIR/replica.img.
   void set_volume_path(std::string path) { volume_path_ = std::move(path); }
 
@@ -890,7 +894,7 @@ struct BenchOptions {
   std::optional<uint64_t> iterations_override;
   uint64_t warmup = 500;
   std::string json_path;
-  std::string first_target_volume;  // --first-target-volume (lab benchmark)
+  std::vector<std::string> target_volumes;  // --target-volume, i-th for target i (lab)
   std::string scenario = "matrix";
   std::vector<std::string> resync_rate_args = {"unlimited", "200MiB/s"};
   std::string chunk_text = "64KiB";
@@ -941,9 +945,10 @@ void add_options(CLI::App& app, BenchOptions& o) {
                  "spawn mode: where volume files, state pools and logs go (/dev/shm keeps msync "
                  "off the disk)")
       ->capture_default_str();
-  app.add_option("--first-target-volume", o.first_target_volume,
-                 "spawn mode: the first target serves its volume from PATH (e.g. a devdax device "
-                 "such as /dev/dax1.0, for APM over rdma) instead of a file under --dir");
+  app.add_option("--target-volume", o.target_volumes,
+                 "spawn mode: the next target serves its volume from PATH (e.g. a devdax device "
+                 "such as /dev/dax1.0, for APM over rdma) instead of a file under --dir; "
+                 "repeat for the second target and on");
   app.add_flag("--keep", o.keep, "spawn mode: keep the work folder (configs, logs, volumes)");
   app.add_option("--sizes", o.size_args, "record sizes (e.g. 64,4KiB)")
       ->delimiter(',')
@@ -1042,6 +1047,11 @@ Result<MatrixPlan> check_options(BenchOptions& o) {
   }
   const size_t available =
       o.spawning() ? static_cast<size_t>(o.spawn_targets) : o.replica_args.size();
+  if (o.target_volumes.size() > (o.spawning() ? available : 0)) {
+    return usage_error(std::to_string(o.target_volumes.size()) + " --target-volume paths for " +
+                       std::to_string(o.spawn_targets) +
+                       " spawned target(s): give at most one per --spawn-targets");
+  }
   if (o.replica_counts.empty()) {
     for (size_t k = 1; k <= std::min<size_t>(2, available); ++k) o.replica_counts.push_back(k);
   }
@@ -1101,8 +1111,8 @@ class Targets {
       spawned_.push_back(std::make_unique<SpawnedTarget>(o.daemon_path,
                                                          work_dir_ + "/target" + std::to_string(i),
                                                          o.address, o.transport_name, o.poll_name));
-      if (i == 0 && !o.first_target_volume.empty()) {
-        spawned_.back()->set_volume_path(o.first_target_volume);
+      if (static_cast<size_t>(i) < o.target_volumes.size()) {
+        spawned_.back()->set_volume_path(o.target_volumes[i]);
       }
       Status started = spawned_.back()->start(o.volume_name, volume_size, o.identity, o.secret);
       if (!started.ok()) {
@@ -1221,7 +1231,7 @@ int run_resync_main(const BenchOptions& o, uint64_t volume_size, const Targets& 
                       {"transport", o.transport_name},
                       {"mode", o.spawning() ? "spawn" : "replica"},
                       {"target", peer},
-                      {"target_volume", o.first_target_volume},
+                      {"target_volume", o.target_volumes.empty() ? "" : o.target_volumes[0]},
                       {"data_dir", o.spawning() ? o.data_dir : volume_dir_of(o.local_path)},
                       {"data_fs", fs},
                       {"volume_size", volume_size},

@@ -4,12 +4,16 @@
 # boots one guest with NVDIMMs and a writable results folder, and runs
 # scripts/lab/tests/guest-bench.sh there: R rounds, each of ib_write_lat,
 # ib_read_lat (server + client on rxe0's address) and pmirror-bench over rdma
-# (depth 1, one replica; target on devdax = APM, on a tmpfs file = GPSPM) and
+# (targets on devdax = APM: depth 1 with one and two replicas, 16 in flight,
+# 4 writer threads; with PMIRROR_LAB_BENCH_GPSPM=1 also a tmpfs file target
+# = GPSPM) and
 # librpma's write + flush(persistent) to devdax (bench/rpma-write-flush,
 # tool librpma-flush: the library pmirror replaces) at every size,
 # interleaved. Prints the median over rounds of each tool's per-round median
 # (and p99) and the ratios pmirror / ib_read_lat, pmirror / librpma-flush and
-# pmirror / ib_write_lat. docs/benchmarks.md ("Over RDMA") shows results.
+# pmirror / ib_write_lat, two replicas / one, and the persists/s of 16 in
+# flight and of 4 writer threads over depth 1's. docs/benchmarks.md ("Over
+# RDMA") shows results.
 #
 # Builds nothing: give a build folder (argument or $PMIRROR_BUILD_DIR, default
 # build/) with daemon/pmirrord and bench/pmirror-bench, and bench/rpma-write-flush
@@ -62,7 +66,13 @@ for name in ("host.txt", "guest-versions.txt"):
             facts[k] = v
 # librpma-flush: only in runs since the librpma comparator (older folders
 # have no such rows; they summarize as before).
-tools = ["ib_write_lat", "ib_read_lat", "librpma-flush", "pmirror-apm", "pmirror-gpspm"]
+tools = ["ib_write_lat", "ib_read_lat", "ib_read_lat-x2", "ib_write_bw", "librpma-flush", "pmirror-apm", "pmirror-apm-2r",
+         "pmirror-apm-d16", "pmirror-apm-w4", "pmirror-gpspm"]
+# persists/s (column ops_per_s: pmirror rows of runs since the throughput
+# cells; "-" for perftest and librpma rows, absent in older folders).
+def ops(r):
+    v = r.get("ops_per_s", "-")
+    return float(v) if v not in ("-", "", None) else None
 sizes = sorted({int(r["size"]) for r in rows})
 med = lambda xs: statistics.median(xs) if xs else float("nan")
 summary = {}
@@ -79,19 +89,25 @@ for t in tools:
             "p99_us": med(p99s), "p99_min_us": min(p99s), "p99_max_us": max(p99s),
             "method": sel[0]["method"],
         }
+        rates = [ops(r) for r in sel if ops(r) is not None]
+        if rates:
+            summary[(t, s)]["ops_per_s"] = med(rates)
 # Per-round ratios (same round, same size), then their median: pairs the
 # numbers taken closest together in time.
-def ratio(num, den, s):
+def ratio(num, den, s, value=lambda x: float(x["p50_us"])):
     rs = []
     for r in {x["round"] for x in rows}:
-        a = [float(x["p50_us"]) for x in rows if x["round"] == r and x["tool"] == num and int(x["size"]) == s]
-        b = [float(x["p50_us"]) for x in rows if x["round"] == r and x["tool"] == den and int(x["size"]) == s]
-        if a and b and b[0] > 0:
+        a = [value(x) for x in rows if x["round"] == r and x["tool"] == num and int(x["size"]) == s]
+        b = [value(x) for x in rows if x["round"] == r and x["tool"] == den and int(x["size"]) == s]
+        if a and b and a[0] is not None and b[0]:
             rs.append(a[0] / b[0])
     return rs
 label = {"ib_write_lat": "ib_write_lat (one-way)", "ib_read_lat": "ib_read_lat (round trip)",
+         "ib_read_lat-x2": "two ib_read_lat at once (slower)", "ib_write_bw": "ib_write_bw (us/message)",
          "librpma-flush": "librpma write+flush(persistent)",
-         "pmirror-apm": "pmirror persist, devdax target", "pmirror-gpspm": "pmirror persist, file target"}
+         "pmirror-apm": "pmirror persist, devdax target", "pmirror-gpspm": "pmirror persist, file target",
+         "pmirror-apm-2r": "pmirror, two devdax replicas", "pmirror-apm-d16": "pmirror, 16 in flight",
+         "pmirror-apm-w4": "pmirror, 4 writer threads"}
 print(f"guest {facts.get('guest_kernel')}; rdma-core {facts.get('rdma_core', '?').split()[0]}; "
       f"perftest {facts.get('perftest')}; {facts.get('qemu')}")
 if "librpma" in facts:
@@ -103,19 +119,22 @@ for r in dropped:
     print(f"dropped: round {r['round']} {r['tool']} {r['size']} B (no finite numbers: perftest's CPU-frequency calibration failed)")
 print()
 print("median over rounds of each round's median (p50) and p99, microseconds; [min-max of the per-round p50]")
-print(f"{'what':34} {'size':>6} {'method':>6} {'p50':>8} {'[range]':>17} {'p99':>8}")
+print(f"{'what':34} {'size':>6} {'method':>9} {'p50':>8} {'[range]':>17} {'p99':>8} {'persists/s':>10}")
 for t in tools:
     for s in sizes:
         c = summary.get((t, s))
         if c:
             rng = f"[{c['p50_min_us']:.1f}-{c['p50_max_us']:.1f}]"
-            print(f"{label[t]:34} {s:>6} {c['method']:>6} {c['p50_us']:8.1f} {rng:>17} {c['p99_us']:8.1f}")
+            rate = f"{c['ops_per_s']:10.0f}" if "ops_per_s" in c else f"{'-':>10}"
+            print(f"{label[t]:34} {s:>6} {c['method']:>9} {c['p50_us']:8.1f} {rng:>17} {c['p99_us']:8.1f} {rate}")
 print()
 print("ratios of p50: median over rounds of the per-round ratio (and ratio of the medians above)")
 ratios = []
 # pmirror / librpma-flush: the same persist (write, then an 8-byte read after
 # it) through librpma, next to the raw read round trip.
 pairs = [("pmirror-apm", "ib_read_lat"), ("pmirror-apm", "librpma-flush"), ("pmirror-apm", "ib_write_lat"),
+         ("pmirror-apm-2r", "pmirror-apm"), ("pmirror-apm-2r", "ib_read_lat-x2"),
+         ("ib_read_lat-x2", "ib_read_lat"),
          ("pmirror-gpspm", "ib_read_lat"), ("pmirror-gpspm", "librpma-flush"), ("pmirror-gpspm", "ib_write_lat"),
          ("librpma-flush", "ib_read_lat")]
 for num, den in pairs:
@@ -128,8 +147,21 @@ for num, den in pairs:
         of_medians = summary[(num, s)]["p50_us"] / summary[(den, s)]["p50_us"]
         ratios.append({"num": num, "den": den, "size": s, "median_of_round_ratios": med(rs),
                        "min": min(rs), "max": max(rs), "ratio_of_medians": of_medians})
-        print(f"  {num:14} / {den:13} {s:>6} B: {med(rs):5.2f} (rounds {min(rs):.2f}-{max(rs):.2f}; "
+        print(f"  {num:15} / {den:13} {s:>6} B: {med(rs):5.2f} (rounds {min(rs):.2f}-{max(rs):.2f}; "
               f"of medians {of_medians:.2f})")
+# Throughput: persists/s of 16 in flight and of 4 writer threads over the
+# same round's depth-1, one-thread persists/s (issue 11: >= 4x at 4 KiB for
+# depth 16).
+print()
+print("ratios of persists/s: median over rounds of the per-round ratio")
+for num, den in (("pmirror-apm-d16", "pmirror-apm"), ("pmirror-apm-w4", "pmirror-apm"),
+                 ("pmirror-apm-d16", "ib_write_bw")):
+    for s in sizes:
+        rs = ratio(num, den, s, value=ops)
+        if rs:
+            ratios.append({"num": num, "den": den, "size": s, "of": "persists_per_s",
+                           "median_of_round_ratios": med(rs), "min": min(rs), "max": max(rs)})
+            print(f"  {num:15} / {den:13} {s:>6} B: {med(rs):5.2f} (rounds {min(rs):.2f}-{max(rs):.2f})")
 json.dump({"facts": facts, "dropped": dropped, "summary": list(summary.values()), "ratios": ratios, "rounds": rows},
           open(f"{out}/summary.json", "w"), indent=2)
 print(f"\nwrote {out}/summary.txt, summary.json, rounds.tsv, raw/")
@@ -175,8 +207,8 @@ if [[ $mode == latency && ! -x $build/bench/rpma-write-flush ]]; then
   echo "bench.sh: warning: $build/bench/rpma-write-flush missing: no librpma-flush comparator in this run" \
     "(install librpma-dev, e.g. scripts/lab/setup.sh, reconfigure and build the target rpma-write-flush)" >&2
 fi
-"$build/bench/pmirror-bench" --help | grep -q -- --first-target-volume ||
-  { echo "bench.sh: $build/bench/pmirror-bench has no --first-target-volume (rebuild)" >&2; exit 1; }
+"$build/bench/pmirror-bench" --help | grep -q -- --target-volume ||
+  { echo "bench.sh: $build/bench/pmirror-bench has no --target-volume (rebuild)" >&2; exit 1; }
 if [[ $mode == resync ]]; then
   "$build/bench/pmirror-bench" --help | grep -q -- --scenario ||
     { echo "bench.sh: $build/bench/pmirror-bench has no --scenario (rebuild)" >&2; exit 1; }
@@ -226,7 +258,7 @@ if [[ $mode == resync ]]; then
     "$repo/scripts/lab/tests/guest-resync-bench.sh" "$build" "$out" 2>&1 | tee "$out/guest.log" ||
     status=$?
 else
-PMIRROR_LAB_TIMING=1 "$repo/scripts/lab/run.sh" --nvdimm --node "$node" --rw "$out" \
+PMIRROR_LAB_TIMING=1 "$repo/scripts/lab/run.sh" --nvdimms 3 --node "$node" --rw "$out" \
   --timeout "${PMIRROR_LAB_BENCH_TIMEOUT:-1500}" \
   --env PMIRROR_LAB_BENCH_ROUNDS --env PMIRROR_LAB_BENCH_SIZES --env PMIRROR_LAB_BENCH_ITERS \
   --env PMIRROR_LAB_BENCH_WARMUP --env PMIRROR_LAB_BENCH_GPSPM --env PMIRROR_LAB_BENCH_POLL -- \

@@ -104,6 +104,16 @@ if [[ $PMLAB_NVDIMM == 1 ]]; then
   for _ in $(seq 100); do [[ -b /dev/pmem0 && -c /dev/dax1.0 ]] && break; sleep 0.1; done
   [[ -b /dev/pmem0 ]] || fail "/dev/pmem0 missing"
   [[ -c /dev/dax1.0 ]] || fail "/dev/dax1.0 missing"
+  # --nvdimms 3: a second devdax (two APM targets in one guest).
+  if [[ ${PMLAB_NVDIMMS:-2} == 3 ]]; then
+    for _ in $(seq 100); do [[ -e /sys/bus/nd/devices/namespace2.0 ]] && break; sleep 0.1; done
+    if [[ ! -c /dev/dax2.0 && $(ns_mode namespace2.0) != devdax ]]; then
+      log "creating devdax namespace2.0 (once; persisted in the backing file)"
+      ndctl create-namespace -f -e namespace2.0 -m devdax >/dev/console 2>&1 || fail "ndctl create-namespace devdax (2)"
+    fi
+    for _ in $(seq 100); do [[ -c /dev/dax2.0 ]] && break; sleep 0.1; done
+    [[ -c /dev/dax2.0 ]] || fail "/dev/dax2.0 missing"
+  fi
   if ! dumpe2fs -h /dev/pmem0 >/dev/null 2>&1; then
     log "mkfs.ext4 /dev/pmem0 (once)"
     mkfs.ext4 -q -F -b 4096 /dev/pmem0 || fail "mkfs.ext4 /dev/pmem0"
@@ -118,6 +128,7 @@ export PMIRROR_LAB_GUEST=1 PMIRROR_LAB_NODE=$PMLAB_NODE PMIRROR_LAB_SELF=$PMLAB_
   PMIRROR_LAB_PEER=$PMLAB_PEER PMIRROR_LAB_RDMA_DEV=rxe0 PMIRROR_LAB_NETDEV=$nd
 if [[ $PMLAB_NVDIMM == 1 ]]; then
   export PMIRROR_LAB_PMEM_DIR=/mnt/pmem PMIRROR_LAB_DAX_DEV=/dev/dax1.0 PMIRROR_LAB_PMEM_DEV=/dev/pmem0
+  if [[ ${PMLAB_NVDIMMS:-2} == 3 ]]; then export PMIRROR_LAB_DAX_DEV2=/dev/dax2.0; fi
 fi
 stty -F /dev/ttyS1 raw -echo clocal 2>/dev/null
 stty -F /dev/ttyS2 raw -echo clocal 2>/dev/null

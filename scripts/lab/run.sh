@@ -8,6 +8,8 @@
 #   --timeout SEC   hard limit for the whole boot (default 300; $PMIRROR_LAB_TIMEOUT)
 #   --nvdimm        two emulated NVDIMMs: /dev/pmem0 fsdax + ext4 -o dax on /mnt/pmem,
 #                   /dev/dax1.0 devdax (adds ~2-3 s)
+#   --nvdimms 3     --nvdimm and a third one, /dev/dax2.0 devdax (two devdax
+#                   targets: the benchmark's two APM replicas)
 #   --env NAME[=VALUE]  pass a variable into the guest (repeatable). Passed anyway:
 #                   PATH, LANG, LC_*, TZ, and every PMIRROR_*, GTEST_*, ASAN_/UBSAN_/
 #                   LSAN_/TSAN_OPTIONS variable of the caller.
@@ -24,7 +26,8 @@
 # caller's current directory with env PMIRROR_LAB_GUEST=1, PMIRROR_LAB_NODE,
 # PMIRROR_LAB_SELF, PMIRROR_LAB_PEER, PMIRROR_LAB_RDMA_DEV=rxe0, PMIRROR_LAB_NETDEV
 # (+ PMIRROR_LAB_PMEM_DIR=/mnt/pmem, PMIRROR_LAB_DAX_DEV=/dev/dax1.0,
-# PMIRROR_LAB_PMEM_DEV=/dev/pmem0 with --nvdimm).
+# PMIRROR_LAB_PMEM_DEV=/dev/pmem0 with --nvdimm; + PMIRROR_LAB_DAX_DEV2=/dev/dax2.0
+# with --nvdimms 3).
 # The command's stdout/stderr stream to this script's stdout/stderr.
 #
 # Exit status: the command's; 124 = timeout; 125 = harness/boot failure (the
@@ -36,7 +39,7 @@ here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
 source "$here/common.sh"
 
 timeout_s=${PMIRROR_LAB_TIMEOUT:-300}
-nvdimm=0 mem=2G smp=2 keep=0 verbose=0 node=solo prefix=""
+nvdimm=0 nvdimms=0 mem=2G smp=2 keep=0 verbose=0 node=solo prefix=""
 self=192.168.77.1 peer=192.168.77.1 loss="" link_mode="" link_sock=""
 pmem_size=${PMIRROR_LAB_PMEM_SIZE:-512M}
 envs=() rws=()
@@ -46,7 +49,12 @@ need() { [[ $# -ge 2 && -n $2 ]] || lab_die "option $1 needs a value"; }
 while (($#)); do
   case $1 in
     --timeout) need "$@"; timeout_s=$2; shift 2 ;;
-    --nvdimm) nvdimm=1; shift ;;
+    --nvdimm) nvdimm=1; ((nvdimms >= 2)) || nvdimms=2; shift ;;
+    --nvdimms)
+      need "$@"
+      [[ $2 == 2 || $2 == 3 ]] || lab_die "--nvdimms wants 2 or 3, got '$2'"
+      nvdimm=1 nvdimms=$2
+      shift 2 ;;
     --env) need "$@"; envs+=("$2"); shift 2 ;;
     --rw) need "$@"; rws+=("$2"); shift 2 ;;
     --mem) need "$@"; mem=$2; shift 2 ;;
@@ -145,7 +153,7 @@ netdev=dummy
 {
   printf 'PMLAB_NODE=%q\nPMLAB_SELF=%q\nPMLAB_PEER=%q\nPMLAB_NETDEV=%q\nPMLAB_LOSS=%q\n' \
     "$node" "$self" "$peer" "$netdev" "$loss"
-  printf 'PMLAB_NVDIMM=%q\nPMLAB_MODDIR=%q\n' "$nvdimm" "$moddir"
+  printf 'PMLAB_NVDIMM=%q\nPMLAB_NVDIMMS=%q\nPMLAB_MODDIR=%q\n' "$nvdimm" "$nvdimms" "$moddir"
   printf 'PMLAB_RW=('; for d in "${rw_list[@]}"; do printf ' %q' "$d"; done; echo ' )'
 } >"$run/share/config"
 
@@ -161,7 +169,7 @@ if ((nvdimm)); then
     echo "pmirror-lab${prefix:+ $prefix}: waiting for the NVDIMMs of node '$node' (another run uses them)" >&2
     flock -w "$timeout_s" "$lockfd" || lab_die "NVDIMM files of node '$node' are busy (another run holds $nvdir/$node.lock)"
   fi
-  for i in 0 1; do
+  for ((i = 0; i < nvdimms; i++)); do
     f="$nvdir/$node-nvdimm$i.img"
     [[ -f $f ]] || truncate -s "$pmem_size" "$f"
     sz=$(stat -c %s "$f")

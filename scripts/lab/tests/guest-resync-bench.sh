@@ -90,7 +90,7 @@ counters() {
 bench() {
   counters "round$1-before"
   timeout 1200 "$bench" --scenario resync --spawn-targets 1 --pmirrord "$daemon" \
-    --transport rdma --address "$addr" --dir /dev/shm --first-target-volume "$PMIRROR_LAB_DAX_DEV" \
+    --transport rdma --address "$addr" --dir /dev/shm --target-volume "$PMIRROR_LAB_DAX_DEV" \
     --size "$size" --resync-rates "$rates" --iterations "$iters" --warmup 200 \
     --latency-size "$latency_size" --connect-timeout 30s --json "$out/raw/round$1.json" 2>&1 |
     tee "$out/raw/round$1.txt"
