@@ -1047,7 +1047,11 @@ Result<MatrixPlan> check_options(BenchOptions& o) {
   }
   const size_t available =
       o.spawning() ? static_cast<size_t>(o.spawn_targets) : o.replica_args.size();
-  if (o.target_volumes.size() > (o.spawning() ? available : 0)) {
+  if (!o.spawning() && !o.target_volumes.empty()) {
+    return usage_error("--target-volume is for --spawn-targets: a running --replica target "
+                       "serves the volume its own cluster file names");
+  }
+  if (o.target_volumes.size() > available) {
     return usage_error(std::to_string(o.target_volumes.size()) + " --target-volume paths for " +
                        std::to_string(o.spawn_targets) +
                        " spawned target(s): give at most one per --spawn-targets");
