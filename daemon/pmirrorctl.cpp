@@ -322,6 +322,7 @@ int command_failed(const pmirror::Status& status) {
     case Errc::kBusy:
     case Errc::kFailedPrecondition:
     case Errc::kSplitBrain:
+    case Errc::kFenced:
     case Errc::kUnsupported:
       note(message);
       return kExitRefused;

@@ -76,7 +76,8 @@ enum pmirror_error {
   PMIRROR_E_CLOSED = 13,             /* the object was shut down */
   PMIRROR_E_RESOURCE_EXHAUSTED = 14, /* out of memory, slots or space */
   PMIRROR_E_SPLIT_BRAIN = 15,        /* both copies moved on from a common generation */
-  PMIRROR_E_FAILED_PRECONDITION = 16 /* not in a state that allows it (e.g. not connected) */
+  PMIRROR_E_FAILED_PRECONDITION = 16, /* not in a state that allows it (e.g. not connected) */
+  PMIRROR_E_FENCED = 17               /* another copy was promoted: this one may no longer write */
 };
 
 /* The name of an error code, e.g. "timeout", for `error` given either as a

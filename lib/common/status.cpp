@@ -23,6 +23,7 @@ std::string_view errc_name(Errc code) {
     case Errc::kResourceExhausted: return "resource exhausted";
     case Errc::kSplitBrain: return "split brain";
     case Errc::kFailedPrecondition: return "failed precondition";
+    case Errc::kFenced: return "fenced";
   }
   return "unknown error";
 }

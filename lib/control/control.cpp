@@ -349,7 +349,7 @@ std::string answer_request(const std::string& line, const Handler& handler) {
 }
 
 Errc errc_from_name(std::string_view name) {
-  for (uint16_t code = 0; code <= static_cast<uint16_t>(Errc::kFailedPrecondition); ++code) {
+  for (uint16_t code = 0; code <= static_cast<uint16_t>(Errc::kFenced); ++code) {
     if (errc_name(static_cast<Errc>(code)) == name) return static_cast<Errc>(code);
   }
   return Errc::kInternal;

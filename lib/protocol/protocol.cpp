@@ -170,6 +170,7 @@ bool is_known_error_code(uint16_t raw) {
     case Errc::kResourceExhausted:
     case Errc::kSplitBrain:
     case Errc::kFailedPrecondition:
+    case Errc::kFenced:
       return true;
   }
   return false;
@@ -236,9 +237,23 @@ Status validate(const Hello& m, Errc code) {
   PMIRROR_RETURN_IF_ERROR(blame(check_identity(m.identity), code, "Hello.identity"));
   if ((m.flags & ~kHelloFlagsKnown) != 0) {
     return Status(code, "Hello.flags has undefined bits " + hex(m.flags & ~kHelloFlagsKnown) +
-                            " (defined: cumulative acks 0x1)");
+                            " (defined: cumulative acks 0x1, fence 0x2, lineage 0x4)");
+  }
+  if ((m.flags & kHelloLineage) == 0 && m.lineage != Lineage{}) {
+    return Status(code, "Hello.lineage is set without the lineage flag");
+  }
+  if ((m.flags & kHelloLineage) != 0) {
+    for (size_t i = 1; i < m.lineage.history.size(); ++i) {
+      if (m.lineage.history[i - 1] == 0 && m.lineage.history[i] != 0) {
+        return Status(code, "Hello.lineage.history has a generation after an unused entry");
+      }
+    }
   }
   return Status::Ok();
+}
+Status validate(const Fence& m, Errc code) {
+  if (m.generation == 0) return Status(code, "Fence.generation is 0");
+  return blame(check_identity(m.promoted_node), code, "Fence.promoted_node");
 }
 Status validate(const VolumeDescriptor& m, Errc code) {
   constexpr uint32_t kKnown = kMethodApm | kMethodGpspm;
@@ -344,6 +359,10 @@ void put(Writer& w, const Hello& m) {
   w.str(m.identity);
   w.bytes(m.client_nonce);
   w.u32(m.flags);
+  if ((m.flags & kHelloLineage) == 0) return;
+  w.u64(m.lineage.current);
+  for (uint64_t g : m.lineage.history) w.u64(g);
+  w.u64(m.lineage.left_behind_at);
 }
 void put(Writer& w, const Challenge& m) { w.bytes(m.server_nonce); }
 void put(Writer& w, const AuthResponse& m) { w.bytes(m.mac); }
@@ -387,6 +406,15 @@ void put(Writer& w, const SetGeneration& m) {
   w.u32(m.flags);
 }
 void put(Writer& w, const GenerationAck& m) { w.u64(m.generation); }
+void put(Writer& w, const Fence& m) {
+  w.u64(m.generation);
+  w.str(m.promoted_node);
+}
+void put(Writer& w, const FenceAck& m) {
+  w.u64(m.generation);
+  w.u32(m.sessions_ended);
+  w.bytes(m.mac);
+}
 void put(Writer& w, const VerifyRequest& m) {
   w.u64(m.offset);
   w.u64(m.length);
@@ -402,7 +430,22 @@ Status get(Reader& r, Hello& m) {
   PMIRROR_RETURN_IF_ERROR(r.str(m.volume, "Hello.volume"));
   PMIRROR_RETURN_IF_ERROR(r.str(m.identity, "Hello.identity"));
   PMIRROR_RETURN_IF_ERROR(r.bytes(m.client_nonce, "Hello.client_nonce"));
-  return r.u32(m.flags, "Hello.flags");
+  PMIRROR_RETURN_IF_ERROR(r.u32(m.flags, "Hello.flags"));
+  if ((m.flags & kHelloLineage) == 0) return Status::Ok();
+  PMIRROR_RETURN_IF_ERROR(r.u64(m.lineage.current, "Hello.lineage.current"));
+  for (uint64_t& g : m.lineage.history) {
+    PMIRROR_RETURN_IF_ERROR(r.u64(g, "Hello.lineage.history"));
+  }
+  return r.u64(m.lineage.left_behind_at, "Hello.lineage.left_behind_at");
+}
+Status get(Reader& r, Fence& m) {
+  PMIRROR_RETURN_IF_ERROR(r.u64(m.generation, "Fence.generation"));
+  return r.str(m.promoted_node, "Fence.promoted_node");
+}
+Status get(Reader& r, FenceAck& m) {
+  PMIRROR_RETURN_IF_ERROR(r.u64(m.generation, "FenceAck.generation"));
+  PMIRROR_RETURN_IF_ERROR(r.u32(m.sessions_ended, "FenceAck.sessions_ended"));
+  return r.bytes(m.mac, "FenceAck.mac");
 }
 Status get(Reader& r, Challenge& m) { return r.bytes(m.server_nonce, "Challenge.server_nonce"); }
 Status get(Reader& r, AuthResponse& m) { return r.bytes(m.mac, "AuthResponse.mac"); }
@@ -483,7 +526,7 @@ Result<Message> decode_payload(MessageType type, Reader& r) {
   }
 }
 
-static_assert(std::variant_size_v<Message> == 16);
+static_assert(std::variant_size_v<Message> == 18);
 static_assert(std::is_same_v<std::variant_alternative_t<0, Message>, Hello> &&
               static_cast<int>(MessageType::kHello) == 1);
 static_assert(std::is_same_v<std::variant_alternative_t<8, Message>, ErrorReply> &&
@@ -498,6 +541,8 @@ static_assert(std::is_same_v<std::variant_alternative_t<14, Message>, VerifyRequ
               static_cast<int>(MessageType::kVerifyRequest) == 15);
 static_assert(std::is_same_v<std::variant_alternative_t<15, Message>, VerifyReply> &&
               static_cast<int>(MessageType::kVerifyReply) == 16);
+static_assert(std::is_same_v<std::variant_alternative_t<17, Message>, FenceAck> &&
+              static_cast<int>(MessageType::kFenceAck) == 18);
 
 bool is_known_type(uint16_t raw) { return raw >= 1 && raw <= std::variant_size_v<Message>; }
 
@@ -514,6 +559,12 @@ std::string foreign_error_text(uint16_t type, std::span<const std::byte> payload
 }
 
 }  // namespace
+
+bool Lineage::knows(uint64_t g) const {
+  if (g == 0) return false;
+  if (g == current || g == left_behind_at) return true;
+  return std::find(history.begin(), history.end(), g) != history.end();
+}
 
 MessageType type_of(const Message& message) {
   return static_cast<MessageType>(message.index() + 1);
@@ -553,6 +604,10 @@ std::string_view type_name(MessageType type) {
       return "VerifyRequest";
     case MessageType::kVerifyReply:
       return "VerifyReply";
+    case MessageType::kFence:
+      return "Fence";
+    case MessageType::kFenceAck:
+      return "FenceAck";
   }
   return "unknown";
 }

@@ -68,6 +68,8 @@ enum class MessageType : uint16_t {
   kGenerationAck = 14,  // target -> initiator: generation recorded in the copy's metadata
   kVerifyRequest = 15,  // initiator -> target: hash these chunks of your copy
   kVerifyReply = 16,    // target -> initiator: the hashes
+  kFence = 17,          // promoted node -> target: end the old primary's sessions (Hello kHelloFence)
+  kFenceAck = 18,       // target -> promoted node: the fence is recorded and in force
 };
 
 // Persistency methods a target can guarantee (bit set on the wire).
@@ -110,14 +112,35 @@ enum HelloFlag : uint32_t {
   // A CommitAck acknowledges every Commit up to its sequence (and returns
   // their credits): the target may answer a run of Commits with one.
   kHelloCumulativeAcks = 1u << 0,
+  // Not a writer: the session carries one Fence (docs/failover.md). The
+  // target answers the AuthResponse with no VolumeDescriptor, takes the
+  // Fence and answers FenceAck.
+  kHelloFence = 1u << 1,
+  // The Hello ends with `lineage`: the data generations of the initiator's
+  // copy, which a fenced target checks (a primary whose copy does not
+  // descend from the promoted one is refused with kFenced).
+  kHelloLineage = 1u << 2,
 };
-inline constexpr uint32_t kHelloFlagsKnown = kHelloCumulativeAcks;
+inline constexpr uint32_t kHelloFlagsKnown = kHelloCumulativeAcks | kHelloFence | kHelloLineage;
+
+// The data generations of the initiator's copy, as it knows them.
+struct Lineage {
+  uint64_t current = 0;
+  std::array<uint64_t, kGenerationHistory> history{};  // newest first, 0 = unused
+  // The generation the initiator was at when it left this target behind
+  // (it tracks the target's copy since then); 0: it did not.
+  uint64_t left_behind_at = 0;
+  // True when g (nonzero) is one of the above.
+  bool knows(uint64_t g) const;
+  bool operator==(const Lineage&) const = default;
+};
 
 struct Hello {
   std::string volume;    // which volume to open
   std::string identity;  // who is asking (checked against allowed peers)
   std::array<uint8_t, kNonceSize> client_nonce{};
   uint32_t flags = 0;  // HelloFlag bits
+  Lineage lineage;     // on the wire only with kHelloLineage (else all 0)
   bool operator==(const Hello&) const = default;
 };
 
@@ -238,9 +261,28 @@ struct VerifyReply {
   bool operator==(const VerifyReply&) const = default;
 };
 
+// From the node where the volume was just promoted, on a session opened
+// with kHelloFence: from now on the target's copy takes writes only from a
+// primary whose copy descends from `generation` (Hello.lineage knows it).
+struct Fence {
+  uint64_t generation = 0;    // the promoted copy's new current generation; nonzero
+  std::string promoted_node;  // for messages: "promoted on node B"
+  bool operator==(const Fence&) const = default;
+};
+
+// The fence is durable in the copy's metadata and the old primary's
+// sessions have ended.
+struct FenceAck {
+  uint64_t generation = 0;        // echoes Fence
+  uint32_t sessions_ended = 0;    // writer sessions the fence ended
+  std::array<uint8_t, kMacSize> mac{};  // auth::target_proof(...), as in VolumeDescriptor
+  bool operator==(const FenceAck&) const = default;
+};
+
 using Message = std::variant<Hello, Challenge, AuthResponse, VolumeDescriptor, Commit, CommitAck,
                              PersistRequest, PersistAck, ErrorReply, Goodbye, Ping, Pong,
-                             SetGeneration, GenerationAck, VerifyRequest, VerifyReply>;
+                             SetGeneration, GenerationAck, VerifyRequest, VerifyReply, Fence,
+                             FenceAck>;
 
 MessageType type_of(const Message& message);
 std::string_view type_name(MessageType type);

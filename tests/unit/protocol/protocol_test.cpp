@@ -126,6 +126,13 @@ class Gen {
         m.volume = name();
         m.identity = identity();
         m.client_nonce = bytes<kNonceSize>();
+        m.flags = static_cast<uint32_t>(below(8));
+        if ((m.flags & kHelloLineage) != 0) {
+          m.lineage.current = u64();
+          size_t used = below(kGenerationHistory + 1);
+          for (size_t i = 0; i < used; ++i) m.lineage.history[i] = 1 + below(kMax64);
+          m.lineage.left_behind_at = below(2) ? 0 : u64();
+        }
         return m;
       }
       case 1:
@@ -167,7 +174,7 @@ class Gen {
       case 7:
         return PersistAck{u64()};
       case 8:
-        return ErrorReply{static_cast<Errc>(1 + below(16)), text()};
+        return ErrorReply{static_cast<Errc>(1 + below(17)), text()};
       case 9:
         return Goodbye{};
       case 10:
@@ -185,6 +192,10 @@ class Gen {
         m.offset = m.chunk_size * below((kMax64 - m.length) / m.chunk_size + 1);
         return m;
       }
+      case 16:
+        return Fence{1 + below(kMax64), identity()};
+      case 17:
+        return FenceAck{u64(), static_cast<uint32_t>(u64()), bytes<kMacSize>()};
       default: {
         VerifyReply m;
         m.chunk_size = chunk_size();
@@ -252,6 +263,8 @@ TEST(ProtocolTest, TypeOfAndTypeNameAgree) {
   EXPECT_EQ(type_name(MessageType::kGenerationAck), "GenerationAck");
   EXPECT_EQ(type_name(MessageType::kVerifyRequest), "VerifyRequest");
   EXPECT_EQ(type_name(MessageType::kVerifyReply), "VerifyReply");
+  EXPECT_EQ(type_of(Fence{}), MessageType::kFence);
+  EXPECT_EQ(type_name(MessageType::kFenceAck), "FenceAck");
   EXPECT_EQ(type_name(static_cast<MessageType>(99)), "unknown");
 }
 
@@ -387,8 +400,8 @@ TEST(ProtocolDecodeTest, RejectsUnknownType) {
   Bytes b = encoded(Ping{1});
   put_le(b, 6, 0, 2);
   expect_rejected(b, "unknown message type 0");
-  put_le(b, 6, 17, 2);
-  expect_rejected(b, "unknown message type 17");
+  put_le(b, 6, 19, 2);
+  expect_rejected(b, "unknown message type 19");
   put_le(b, 6, 0xffff, 2);
   expect_rejected(b, "unknown message type 65535");
 }
@@ -537,7 +550,64 @@ TEST(ProtocolDecodeTest, RejectsBadIdentities) {
 TEST(ProtocolDecodeTest, RejectsUndefinedHelloFlags) {
   Bytes b = encoded(Hello(sample_hello()));
   put_le(b, b.size() - 4, 0x10, 4);
-  expect_rejected(b, "Hello.flags has undefined bits 0x10 (defined: cumulative acks 0x1)");
+  expect_rejected(
+      b, "Hello.flags has undefined bits 0x10 (defined: cumulative acks 0x1, fence 0x2, lineage 0x4)");
+}
+
+TEST(ProtocolTest, GoldenHelloWithLineageBytes) {
+  Hello h = sample_hello();
+  h.flags = kHelloLineage;
+  h.lineage.current = 0x1122334455667788;
+  h.lineage.history = {7, 6, 0, 0};
+  h.lineage.left_behind_at = 5;
+  Bytes expected = from_hex(
+      "504d4952 0200 0100 5f000000 00000000"  // header: type 1, 95 bytes
+      "0300 646230"                           // "db0"
+      "0400 61707031"                         // "app1"
+      "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
+      "04000000"                                      // flags: lineage
+      "8877665544332211"                              // current
+      "0700000000000000 0600000000000000"             // history
+      "0000000000000000 0000000000000000"             //
+      "0500000000000000");                            // left_behind_at
+  EXPECT_EQ(encoded(h), expected);
+  EXPECT_TRUE(h.lineage.knows(6));
+  EXPECT_TRUE(h.lineage.knows(5));
+  EXPECT_TRUE(h.lineage.knows(0x1122334455667788));
+  EXPECT_FALSE(h.lineage.knows(8));
+  EXPECT_FALSE(h.lineage.knows(0));  // an unused entry is not a generation
+}
+
+TEST(ProtocolTest, GoldenFenceBytes) {
+  EXPECT_EQ(encoded(Fence{0x0102030405060708, "b"}),
+            from_hex("504d4952 0200 1100 0b000000 00000000  0807060504030201 0100 62"));
+  FenceAck ack{0x0102030405060708, 2, {}};
+  ack.mac[0] = 0xaa;
+  EXPECT_EQ(encoded(ack), from_hex("504d4952 0200 1200 2c000000 00000000  0807060504030201"
+                                   "02000000 aa" +
+                                   std::string(62, '0')));
+}
+
+TEST(ProtocolDecodeTest, RejectsBadFencesAndLineages) {
+  // A Hello whose flags do not announce the lineage carries none: the
+  // bytes after the flags are trailing garbage.
+  Hello h = sample_hello();
+  h.flags = kHelloLineage;
+  h.lineage.current = 9;
+  Bytes b = encoded(h);
+  put_le(b, kHeaderSize + 5 + 6 + kNonceSize, 0, 4);
+  expect_rejected(b, "trailing");
+  b = encoded(h);
+  put_le(b, kHeaderSize + 5 + 6 + kNonceSize + 4 + 8 + 8, 3, 8);  // history {0, 3, 0, 0}
+  expect_rejected(b, "Hello.lineage.history has a generation after an unused entry");
+  b = encoded(Fence{1, "b"});
+  put_le(b, kHeaderSize, 0, 8);
+  expect_rejected(b, "Fence.generation is 0");
+  b = encoded(Fence{1, "b"});
+  put_le(b, kHeaderSize + 8, 0, 2);  // promoted_node ""
+  b.pop_back();
+  fix_length(b);
+  expect_rejected(b, "Fence.promoted_node: identity is empty");
 }
 
 TEST(ProtocolDecodeTest, RejectsUndefinedMethodBits) {
@@ -552,8 +622,8 @@ TEST(ProtocolDecodeTest, RejectsBadErrorReplies) {
   Bytes b = encoded(ErrorReply{Errc::kBusy, "volume db0 has a writer"});
   put_le(b, kHeaderSize, 0, 2);
   expect_rejected(b, "ErrorReply.code 0 is not a known error code");
-  put_le(b, kHeaderSize, 17, 2);
-  expect_rejected(b, "ErrorReply.code 17 is not a known error code");
+  put_le(b, kHeaderSize, 18, 2);
+  expect_rejected(b, "ErrorReply.code 18 is not a known error code");
   put_le(b, kHeaderSize, 15, 2);  // split brain, new in version 2
   EXPECT_TRUE(decode(b).ok());
 
@@ -735,8 +805,8 @@ TEST(ProtocolEncodeTest, RefusesMessagesOutsideTheLimits) {
   h.volume = std::string(kMaxNameLength + 1, 'a');
   EXPECT_THAT(encode(h, out).message(), HasSubstr("volume name is 65 bytes"));
   h = sample_hello();
-  h.flags = 2;
-  EXPECT_THAT(encode(h, out).message(), HasSubstr("Hello.flags has undefined bits 0x2"));
+  h.flags = 8;
+  EXPECT_THAT(encode(h, out).message(), HasSubstr("Hello.flags has undefined bits 0x8"));
 
   ErrorReply e{Errc::kOk, "fine"};
   EXPECT_THAT(encode(e, out).message(), HasSubstr("ErrorReply.code 0 is not a known"));
