@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <string_view>
 
@@ -77,7 +78,13 @@ struct PoolHeader {
   uint64_t consistent;
   uint64_t promoted;
   uint64_t clean;
-  uint8_t reserved[112];
+  // The fence (docs/failover.md): 0, or the generation a writer's copy must
+  // descend from. Appended in the former reserved bytes (zero in older
+  // pools: no fence). Changed in transactions only.
+  uint64_t fence_generation;
+  uint64_t fenced_unix_ns;
+  char fence_node[kPeerNameField];
+  uint8_t reserved[24];
   PeerRecord peers[kMaxPeers];
   // extent index + 1; 0: free. Single-word persists.
   uint64_t activity[kActivityLogSlots];
@@ -517,6 +524,9 @@ CopyInfo CopyMetadata::info() const {
   info.consistent = root_->consistent != 0;
   info.promoted = root_->promoted != 0;
   info.clean = root_->clean != 0;
+  info.fence.generation = root_->fence_generation;
+  info.fence.node = read_name(root_->fence_node, sizeof(root_->fence_node));
+  info.fence.since_unix_ns = root_->fenced_unix_ns;
   info.volume_size = root_->volume_size;
   info.chunk_size = root_->chunk_size;
   info.chunks = root_->chunks;
@@ -562,8 +572,53 @@ Status CopyMetadata::adopt_generation(uint64_t current, bool consistent) {
     if (r->current != current) {
       push_history(r, r->current);
       r->current = current;
+      // Only a writer that passed the fence gets here: the fence follows
+      // its lineage, so that its later generations still pass it.
+      if (r->fence_generation != 0) {
+        if (int err = snapshot(&r->fence_generation, sizeof(r->fence_generation))) return err;
+        r->fence_generation = current;
+      }
     }
     r->consistent = want_consistent;
+    return 0;
+  });
+}
+
+Status CopyMetadata::set_fence(uint64_t generation, const std::string& node) {
+  if (generation == 0) return Status(Errc::kInvalidArgument, "a fence needs a nonzero generation");
+  if (node.empty() || node.size() > kMaxPeerName || node.find('\0') != std::string::npos) {
+    return Status(Errc::kInvalidArgument, "fence: bad node name \"" + node.substr(0, 80) + "\"");
+  }
+  std::lock_guard lock(mutex_);
+  Root* r = root_;
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  return run_tx(pool_.get(), "copy metadata " + path_ + ": recording the fence", [&] {
+    if (int err = snapshot(&r->fence_generation, offsetof(PoolHeader, reserved) -
+                                                     offsetof(PoolHeader, fence_generation))) {
+      return err;
+    }
+    r->fence_generation = generation;
+    r->fenced_unix_ns = static_cast<uint64_t>(now.tv_sec) * 1'000'000'000ull +
+                        static_cast<uint64_t>(now.tv_nsec);
+    std::memset(r->fence_node, 0, sizeof(r->fence_node));
+    std::memcpy(r->fence_node, node.data(), node.size());
+    return 0;
+  });
+}
+
+Status CopyMetadata::clear_fence() {
+  std::lock_guard lock(mutex_);
+  Root* r = root_;
+  if (r->fence_generation == 0) return Status::Ok();
+  return run_tx(pool_.get(), "copy metadata " + path_ + ": clearing the fence", [&] {
+    if (int err = snapshot(&r->fence_generation, offsetof(PoolHeader, reserved) -
+                                                     offsetof(PoolHeader, fence_generation))) {
+      return err;
+    }
+    r->fence_generation = 0;
+    r->fenced_unix_ns = 0;
+    std::memset(r->fence_node, 0, sizeof(r->fence_node));
     return 0;
   });
 }

@@ -57,6 +57,17 @@ struct Generations {
   bool operator==(const Generations&) const = default;
 };
 
+// Which primary a copy takes writes from, once a promotion elsewhere
+// fenced it (docs/failover.md): only one whose copy descends from
+// `generation` (the promoted copy's, then each generation its writer moves
+// the copy to).
+struct Fence {
+  uint64_t generation = 0;  // 0: not fenced, any authenticated primary
+  std::string node;         // where the volume was promoted
+  uint64_t since_unix_ns = 0;
+  bool operator==(const Fence&) const = default;
+};
+
 struct CopyInfo {
   Uuid uuid{};  // random, fixed when the pool is created: which copy this is
   Generations generations;
@@ -69,6 +80,7 @@ struct CopyInfo {
   // False while a primary has the copy open: after a crash, the activity
   // log names the extents that may differ from the replicas.
   bool clean = true;
+  Fence fence;
   uint64_t volume_size = 0;
   uint64_t chunk_size = kDefaultChunk;
   uint64_t chunks = 0;  // ceil(volume_size / chunk_size)
@@ -123,6 +135,11 @@ class CopyMetadata {
   Status set_consistent(bool consistent);
   Status set_promoted(bool promoted);
   Status set_clean(bool clean);
+  // Records the fence (replacing one before); clear_fence() lifts it (a
+  // copy promoted here takes writes from its own node's primary again).
+  // adopt_generation moves a fence along to the adopted generation.
+  Status set_fence(uint64_t generation, const std::string& node);
+  Status clear_fence();
 
   // --- peers ---
   // The peer's index, adding it (untracked, never seen) if new.

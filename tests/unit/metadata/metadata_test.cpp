@@ -550,6 +550,44 @@ TEST_F(MetadataTest, AdoptGenerationHistoryOrder) {
   EXPECT_FALSE(md->info().consistent);
 }
 
+TEST_F(MetadataTest, FenceIsKeptFollowsTheAdoptedGenerationAndIsCleared) {
+  auto md = open_md(64 * kMiB);
+  ASSERT_NE(md, nullptr);
+  EXPECT_EQ(md->info().fence, Fence{}) << "a new copy is not fenced";
+  ASSERT_TRUE(md->adopt_generation(100, true).ok());
+  EXPECT_EQ(md->info().fence.generation, 0u) << "adopting does not fence";
+  EXPECT_EQ(md->set_fence(0, "b").code(), Errc::kInvalidArgument);
+  EXPECT_EQ(md->set_fence(7, "").code(), Errc::kInvalidArgument);
+  EXPECT_EQ(md->set_fence(7, std::string(kMaxPeerName + 1, 'n')).code(), Errc::kInvalidArgument);
+  const std::string longest(kMaxPeerName, 'n');
+  ASSERT_TRUE(md->set_fence(7, longest).ok());
+  Fence fence = md->info().fence;
+  EXPECT_EQ(fence.generation, 7u);
+  EXPECT_EQ(fence.node, longest);
+  EXPECT_GT(fence.since_unix_ns, 0u);
+  EXPECT_EQ(md->info().generations.current, 100u) << "the fence leaves the copy's data alone";
+
+  md.reset();
+  md = open_md(64 * kMiB);
+  ASSERT_NE(md, nullptr);
+  EXPECT_EQ(md->info().fence, fence) << "the fence survives a reopen";
+  ASSERT_TRUE(md->set_fence(8, "b").ok());  // a later promotion replaces it
+  EXPECT_EQ(md->info().fence.node, "b");
+  // The writer that passed the fence moves the copy on: the fence follows.
+  ASSERT_TRUE(md->adopt_generation(9, false).ok());
+  EXPECT_EQ(md->info().fence.generation, 9u);
+  ASSERT_TRUE(md->adopt_generation(9, true).ok());
+  EXPECT_EQ(md->info().fence.generation, 9u);
+  ASSERT_TRUE(md->clear_fence().ok());
+  EXPECT_EQ(md->info().fence, Fence{});
+  ASSERT_TRUE(md->adopt_generation(10, true).ok());
+  EXPECT_EQ(md->info().fence.generation, 0u) << "no fence, nothing to follow";
+  md.reset();
+  md = open_md(64 * kMiB);
+  ASSERT_NE(md, nullptr);
+  EXPECT_EQ(md->info().fence, Fence{});
+}
+
 TEST_F(MetadataTest, UntrackNeedsACleanBitmap) {
   auto md = open_md(64 * kMiB);
   ASSERT_NE(md, nullptr);
