@@ -741,15 +741,35 @@ std::string format_promote_human(const nlohmann::json& result) {
            "; a replica again";
   }
   std::string previous = format_generation(member(result, "previous"));
+  // One line per other node: fenced, or why not (docs/failover.md).
+  auto fences = [&] {
+    std::string lines;
+    const json& list = member(result, "fences");
+    if (!list.is_array()) return lines;
+    for (const json& f : list) {
+      if (!f.is_object()) continue;
+      std::string node_name = str(f, "node");
+      if (flag(f, "fenced").value_or(false)) {
+        const json& ended = member(f, "sessions_ended");
+        bool ended_one = ended.is_number_unsigned() && ended.get<uint64_t>() > 0;
+        lines += "\n  fenced on " + node_name +
+                 (ended_one ? " (the old primary's session there was ended)" : "");
+      } else {
+        lines += "\n  NOT fenced on " + node_name + ": " + str(f, "error") +
+                 " (that copy may still take the old primary's writes; run promote again)";
+      }
+    }
+    return lines;
+  };
   if (flag(result, "already_promoted").value_or(false)) {
     return volume + " was already promoted" + on +
-           (generation.empty() ? "" : ": generation " + generation);
+           (generation.empty() ? "" : ": generation " + generation) + fences();
   }
   std::string out = volume + " promoted" + on;
   if (flag(result, "forced").value_or(false)) out += " (forced)";
   if (!generation.empty()) out += ": generation " + generation;
   if (!previous.empty()) out += " (was " + previous + ")";
-  return out;
+  return out + fences();
 }
 
 std::string format_latency_us(double microseconds) {

@@ -14,7 +14,7 @@ bool is_misconfiguration(Errc code) {
          code == Errc::kInvalidArgument || code == Errc::kUnsupported;
 }
 
-bool is_demotion(Errc code) { return code == Errc::kFailedPrecondition; }
+bool is_demotion(Errc code) { return code == Errc::kFailedPrecondition || code == Errc::kFenced; }
 
 bool is_refusal(Errc code) {
   return is_misconfiguration(code) || is_demotion(code) || code == Errc::kBusy;
@@ -139,7 +139,16 @@ void Peers::start_lagging(Peer& peer, const Status& why) {
   core_.sync_changed.notify_all();
 }
 
+void Peers::note_fenced(const Status& why) {
+  if (why.code() != Errc::kFenced || !core_.fenced.ok()) return;
+  core_.fenced = why;
+  log::error("volume {}: this primary is fenced: {}; every persist fails from now on",
+             core_.options.name, why.message());
+  core_.sync_changed.notify_all();  // a persist blocked for replicas gives up
+}
+
 void Peers::drop(Peer& peer, const Status& why, PeerState to) {
+  note_fenced(why);
   if (peer.replica) {
     uint64_t done = peer.replica->done_upto();
     ledger_.for_each_unsettled([&](const InFlightPersist& persist) {
@@ -242,6 +251,7 @@ std::optional<ResyncNeeded> Peers::begin_session(Peer& peer, std::unique_ptr<Rep
 }
 
 void Peers::connect_failed(Peer& peer, const Status& why) {
+  note_fenced(why);
   ensure_tracked(peer);
   peer.next_attempt = Clock::now() + peer.backoff.next();
   peer.last_error = why.message();
@@ -263,13 +273,15 @@ void Peers::start_reconnect(Peer& peer) {
   peer.state.transition(PeerState::kConnecting,
                         "reconnect attempt " + std::to_string(peer.backoff.attempts()));
   peer.connecting = std::async(std::launch::async, [this, &peer] {
-    return Replica::connect({core_.options, peer.spec, core_.local->data(), core_.local->size()});
+    return Replica::connect({core_.options, peer.spec, core_.local->data(), core_.local->size(),
+                             core_.lineage(peer.meta_index)});
   });
 }
 
 std::optional<ResyncNeeded> Peers::finish_reconnect(Peer& peer) {
   auto replica = peer.connecting.get();
   if (!replica.ok()) {
+    note_fenced(replica.status());
     peer.next_attempt = Clock::now() + peer.backoff.next();
     peer.last_error = replica.status().message();
     peer.state.transition(

@@ -158,6 +158,9 @@ class Peers {
   // later.
   void drop(Peer& peer, const Status& why,
             supervisor::PeerState to = supervisor::PeerState::kDisconnected);
+  // A target's kFenced (from a drop, a refused connect): the volume is
+  // fenced (VolumeCore::fenced). Anything else: nothing.
+  void note_fenced(const Status& why);
 
   // ---- sessions
   // A new session: decides from both copies' generations whether the peer

@@ -45,6 +45,7 @@ Status PersistPipeline::wait(std::unique_lock<std::mutex>& lock, uint64_t sequen
   const uint32_t required = peers_.required_acks();
   std::vector<Peer*>& pending = pending_;  // kept from wait to wait: no allocation
   while (true) {
+    if (!core_.fenced.ok()) return core_.fenced;
     uint32_t acknowledged = 0;
     pending.clear();
     std::string problems;
@@ -137,6 +138,7 @@ Result<uint64_t> PersistPipeline::start(std::unique_lock<std::mutex>& lock, uint
 
 Result<uint64_t> PersistPipeline::start_piece(std::unique_lock<std::mutex>& lock, uint64_t offset,
                                               uint64_t length) {
+  if (!core_.fenced.ok()) return core_.fenced;
   const uint32_t max_in_flight = core_.options.max_in_flight;
   // Keep at most max_in_flight persists outstanding.
   if (ledger_.last_started() - ledger_.acknowledged() >= max_in_flight) {

@@ -70,7 +70,8 @@ Status Replica::handshake(const Setup& setup) {
   hello.volume = setup.options.name;
   hello.identity = setup.options.identity;
   hello.client_nonce = *client_nonce;
-  hello.flags = protocol::kHelloCumulativeAcks;
+  hello.flags = protocol::kHelloCumulativeAcks | protocol::kHelloLineage;
+  hello.lineage = setup.lineage;
   PMIRROR_RETURN_IF_ERROR(messenger_->send(hello));
 
   const auto timeout = setup.options.connect_timeout;

@@ -43,6 +43,7 @@ class Replica {
     const ReplicaSpec& spec;
     std::byte* local_base;
     uint64_t local_size;
+    protocol::Lineage lineage{};  // VolumeCore::lineage: what the Hello carries
   };
   // Connects, authenticates both ways, checks the remote size, and
   // registers the local copy. Errors name the replica.

@@ -169,9 +169,11 @@ Result<std::unique_ptr<Volume>> Volume::open(const VolumeOptions& options) {
 
   // Connect to every replica at once: a slow one should not delay the rest.
   std::vector<std::future<Result<std::unique_ptr<Replica>>>> pending;
-  for (const auto& spec : options.replicas) {
-    pending.push_back(std::async(std::launch::async, [&options, &spec, &core] {
-      return Replica::connect({options, spec, core.local->data(), core.local->size()});
+  for (size_t i = 0; i < options.replicas.size(); ++i) {
+    const ReplicaSpec& spec = options.replicas[i];
+    protocol::Lineage lineage = core.lineage(impl->peers.all()[i]->meta_index);
+    pending.push_back(std::async(std::launch::async, [&options, &spec, &core, lineage] {
+      return Replica::connect({options, spec, core.local->data(), core.local->size(), lineage});
     }));
   }
   std::vector<Result<std::unique_ptr<Replica>>> connected;
@@ -201,7 +203,7 @@ Result<std::unique_ptr<Volume>> Volume::open(const VolumeOptions& options) {
   }
   for (const auto& result : connected) {
     if (!result.ok() && is_demotion(result.status().code())) {
-      return fail_open(Status(Errc::kFailedPrecondition,
+      return fail_open(Status(result.status().code(),
                               "opening volume '" + options.name +
                                   "': " + result.status().message() +
                                   "; this copy is no longer the primary: run the application "

@@ -32,6 +32,17 @@ VolumeCore::VolumeCore(const VolumeOptions& volume_options,
       chunk_size(meta->info().chunk_size),
       chunks(meta->info().chunks) {}
 
+protocol::Lineage VolumeCore::lineage(size_t meta_index) const {
+  protocol::Lineage lineage;
+  const metadata::Generations generations = meta->info().generations;
+  lineage.current = generations.current;
+  static_assert(protocol::kGenerationHistory == metadata::kHistory);
+  std::copy(generations.history.begin(), generations.history.end(), lineage.history.begin());
+  const std::vector<metadata::PeerInfo> peers = meta->peers();
+  if (meta_index < peers.size()) lineage.left_behind_at = peers[meta_index].bitmap_generation;
+  return lineage;
+}
+
 uint64_t VolumeCore::chunk_bytes(uint64_t dirty) const {
   return std::min(dirty * chunk_size, local->size());
 }

@@ -29,6 +29,7 @@
 #include "initiator/initiator.h"
 #include "initiator/session_reaper.h"
 #include "metadata/metadata.h"
+#include "protocol/protocol.h"
 #include "region/region.h"
 
 namespace pmirror::initiator {
@@ -65,6 +66,10 @@ struct VolumeCore {
   const uint64_t chunk_size;  // bytes per dirty bit
   const uint64_t chunks;      // dirty bits per peer
 
+  // What a Hello tells the target with metadata peer `meta_index` about
+  // this copy's generations (a fenced target checks it: docs/failover.md).
+  protocol::Lineage lineage(size_t meta_index) const;
+
   // The volume mutex (see the top of this file).
   std::mutex mutex;
   // Notified, with `mutex`, when a replica becomes in sync or stops being
@@ -78,6 +83,11 @@ struct VolumeCore {
   // Application threads waiting for `mutex`: the supervisor and verify let
   // them in between their steps rather than taking the mutex straight back.
   std::atomic<int> app_waiting{0};
+  // Set (with `mutex`) when a target said that another copy was promoted
+  // and fenced this primary out (kFenced, docs/failover.md): from then on
+  // every persist fails with it. Never cleared: the application must close
+  // the volume; its copy comes back as a replica of the new primary.
+  Status fenced;
   SupervisorWakeup supervisor_wakeup;
   // Last: destroyed first, ending dropped sessions while the local copy
   // they registered is still mapped.

@@ -242,6 +242,9 @@ Status validate(const Hello& m, Errc code) {
   if ((m.flags & kHelloLineage) == 0 && m.lineage != Lineage{}) {
     return Status(code, "Hello.lineage is set without the lineage flag");
   }
+  if ((m.flags & kHelloFence) != 0 && ((m.flags & kHelloLineage) == 0 || m.lineage.current == 0)) {
+    return Status(code, "Hello: a fence must carry the promoted generation (lineage.current)");
+  }
   if ((m.flags & kHelloLineage) != 0) {
     for (size_t i = 1; i < m.lineage.history.size(); ++i) {
       if (m.lineage.history[i - 1] == 0 && m.lineage.history[i] != 0) {
@@ -251,10 +254,7 @@ Status validate(const Hello& m, Errc code) {
   }
   return Status::Ok();
 }
-Status validate(const Fence& m, Errc code) {
-  if (m.generation == 0) return Status(code, "Fence.generation is 0");
-  return blame(check_identity(m.promoted_node), code, "Fence.promoted_node");
-}
+
 Status validate(const VolumeDescriptor& m, Errc code) {
   constexpr uint32_t kKnown = kMethodApm | kMethodGpspm;
   if ((m.methods & ~kKnown) != 0) {
@@ -406,10 +406,6 @@ void put(Writer& w, const SetGeneration& m) {
   w.u32(m.flags);
 }
 void put(Writer& w, const GenerationAck& m) { w.u64(m.generation); }
-void put(Writer& w, const Fence& m) {
-  w.u64(m.generation);
-  w.str(m.promoted_node);
-}
 void put(Writer& w, const FenceAck& m) {
   w.u64(m.generation);
   w.u32(m.sessions_ended);
@@ -437,10 +433,6 @@ Status get(Reader& r, Hello& m) {
     PMIRROR_RETURN_IF_ERROR(r.u64(g, "Hello.lineage.history"));
   }
   return r.u64(m.lineage.left_behind_at, "Hello.lineage.left_behind_at");
-}
-Status get(Reader& r, Fence& m) {
-  PMIRROR_RETURN_IF_ERROR(r.u64(m.generation, "Fence.generation"));
-  return r.str(m.promoted_node, "Fence.promoted_node");
 }
 Status get(Reader& r, FenceAck& m) {
   PMIRROR_RETURN_IF_ERROR(r.u64(m.generation, "FenceAck.generation"));
@@ -526,7 +518,7 @@ Result<Message> decode_payload(MessageType type, Reader& r) {
   }
 }
 
-static_assert(std::variant_size_v<Message> == 18);
+static_assert(std::variant_size_v<Message> == 17);
 static_assert(std::is_same_v<std::variant_alternative_t<0, Message>, Hello> &&
               static_cast<int>(MessageType::kHello) == 1);
 static_assert(std::is_same_v<std::variant_alternative_t<8, Message>, ErrorReply> &&
@@ -541,8 +533,8 @@ static_assert(std::is_same_v<std::variant_alternative_t<14, Message>, VerifyRequ
               static_cast<int>(MessageType::kVerifyRequest) == 15);
 static_assert(std::is_same_v<std::variant_alternative_t<15, Message>, VerifyReply> &&
               static_cast<int>(MessageType::kVerifyReply) == 16);
-static_assert(std::is_same_v<std::variant_alternative_t<17, Message>, FenceAck> &&
-              static_cast<int>(MessageType::kFenceAck) == 18);
+static_assert(std::is_same_v<std::variant_alternative_t<16, Message>, FenceAck> &&
+              static_cast<int>(MessageType::kFenceAck) == 17);
 
 bool is_known_type(uint16_t raw) { return raw >= 1 && raw <= std::variant_size_v<Message>; }
 
@@ -604,8 +596,6 @@ std::string_view type_name(MessageType type) {
       return "VerifyRequest";
     case MessageType::kVerifyReply:
       return "VerifyReply";
-    case MessageType::kFence:
-      return "Fence";
     case MessageType::kFenceAck:
       return "FenceAck";
   }

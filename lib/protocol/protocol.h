@@ -68,8 +68,7 @@ enum class MessageType : uint16_t {
   kGenerationAck = 14,  // target -> initiator: generation recorded in the copy's metadata
   kVerifyRequest = 15,  // initiator -> target: hash these chunks of your copy
   kVerifyReply = 16,    // target -> initiator: the hashes
-  kFence = 17,          // promoted node -> target: end the old primary's sessions (Hello kHelloFence)
-  kFenceAck = 18,       // target -> promoted node: the fence is recorded and in force
+  kFenceAck = 17,       // target -> promoted node: the fence (a Hello with kHelloFence) is in force
 };
 
 // Persistency methods a target can guarantee (bit set on the wire).
@@ -112,9 +111,11 @@ enum HelloFlag : uint32_t {
   // A CommitAck acknowledges every Commit up to its sequence (and returns
   // their credits): the target may answer a run of Commits with one.
   kHelloCumulativeAcks = 1u << 0,
-  // Not a writer: the session carries one Fence (docs/failover.md). The
-  // target answers the AuthResponse with no VolumeDescriptor, takes the
-  // Fence and answers FenceAck.
+  // Not a writer: a fence (docs/failover.md). The identity is a node of
+  // the volume where it was just promoted, lineage.current the promoted
+  // copy's new generation (kHelloLineage is required). The target answers
+  // the AuthResponse with FenceAck once the fence is in force, not with a
+  // VolumeDescriptor.
   kHelloFence = 1u << 1,
   // The Hello ends with `lineage`: the data generations of the initiator's
   // copy, which a fenced target checks (a primary whose copy does not
@@ -261,19 +262,12 @@ struct VerifyReply {
   bool operator==(const VerifyReply&) const = default;
 };
 
-// From the node where the volume was just promoted, on a session opened
-// with kHelloFence: from now on the target's copy takes writes only from a
-// primary whose copy descends from `generation` (Hello.lineage knows it).
-struct Fence {
-  uint64_t generation = 0;    // the promoted copy's new current generation; nonzero
-  std::string promoted_node;  // for messages: "promoted on node B"
-  bool operator==(const Fence&) const = default;
-};
-
-// The fence is durable in the copy's metadata and the old primary's
-// sessions have ended.
+// The answer to a fence's AuthResponse: the copy is fenced durably (its
+// metadata records the generation; from now on it takes writes only from a
+// primary whose Hello.lineage knows it) and the old primary's session has
+// ended.
 struct FenceAck {
-  uint64_t generation = 0;        // echoes Fence
+  uint64_t generation = 0;        // echoes Hello.lineage.current
   uint32_t sessions_ended = 0;    // writer sessions the fence ended
   std::array<uint8_t, kMacSize> mac{};  // auth::target_proof(...), as in VolumeDescriptor
   bool operator==(const FenceAck&) const = default;
@@ -281,8 +275,7 @@ struct FenceAck {
 
 using Message = std::variant<Hello, Challenge, AuthResponse, VolumeDescriptor, Commit, CommitAck,
                              PersistRequest, PersistAck, ErrorReply, Goodbye, Ping, Pong,
-                             SetGeneration, GenerationAck, VerifyRequest, VerifyReply, Fence,
-                             FenceAck>;
+                             SetGeneration, GenerationAck, VerifyRequest, VerifyReply, FenceAck>;
 
 MessageType type_of(const Message& message);
 std::string_view type_name(MessageType type);

@@ -63,6 +63,12 @@ bool ServedVolume::allows(const std::string& identity, std::string* secret_out) 
   return std::find(allowed_peers.begin(), allowed_peers.end(), identity) != allowed_peers.end();
 }
 
+bool ServedVolume::allows_fencer(const std::string& identity, std::string* secret_out) {
+  std::lock_guard lock(mutex);
+  if (secret_out != nullptr) *secret_out = secret;
+  return std::find(peers.begin(), peers.end(), identity) != peers.end();
+}
+
 namespace {
 
 // Settings that need the volume reopened when they change. `peers`,
@@ -105,6 +111,9 @@ class NewPoolRemover {
 
 // How long promote --force waits for the evicted session to let go.
 constexpr std::chrono::milliseconds kEvictWait{10000};
+// How long a fence may take per node (connect, handshake, the old primary's
+// session ending there): nodes are fenced in parallel.
+constexpr std::chrono::milliseconds kFenceTimeout{15000};
 // How long status trusts what it last read from a copy's metadata pool
 // while nobody holds it open: reading opens the pool, which a local
 // primary could find busy at that instant, so not on every poll.
@@ -535,6 +544,26 @@ Result<ReloadResult> Target::reload(const config::DaemonConfig& config, bool dry
 }
 
 Result<PromoteResult> Target::promote(const std::string& volume_name, bool force) {
+  PMIRROR_ASSIGN_OR_RETURN(PromoteResult result, promote_copy(volume_name, force));
+  // Then fence every other node's copy (docs/failover.md, section 1), also
+  // when the copy was promoted already: running promote again retries the
+  // fences that did not take.
+  Impl& impl = *impl_;
+  auto volume = impl.find(volume_name);
+  if (volume == nullptr) return result;  // removed by a reload meanwhile
+  std::vector<std::string> peers;
+  std::string secret;
+  {
+    std::lock_guard volume_lock(volume->mutex);
+    peers = volume->peers;
+    secret = volume->secret;
+  }
+  result.fences = fence_peers(impl.config.cluster, peers, volume_name, impl.config.node, secret,
+                              result.generation, kFenceTimeout);
+  return result;
+}
+
+Result<PromoteResult> Target::promote_copy(const std::string& volume_name, bool force) {
   Impl& impl = *impl_;
   const std::string& node = impl.config.node;
   auto volume = impl.find(volume_name);
@@ -588,6 +617,9 @@ Result<PromoteResult> Target::promote(const std::string& volume_name, bool force
   // A forced promotion of an inconsistent copy declares its bytes the new
   // generation's data: from here on they are what the volume holds.
   if (!info.consistent) PMIRROR_RETURN_IF_ERROR(md->set_consistent(true));
+  // A fence another promotion left on this copy names a primary this one
+  // now replaces.
+  PMIRROR_RETURN_IF_ERROR(md->clear_fence());
   PMIRROR_RETURN_IF_ERROR(md->set_promoted(true));
   PMIRROR_RETURN_IF_ERROR(md->set_clean(true));
   remember();

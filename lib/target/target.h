@@ -114,6 +114,15 @@ struct TargetStatus {
 
 // What `pmirrorctl promote` did. already_promoted: nothing changed, and
 // `previous` is the newest generation in the copy's history.
+// One other node of the volume, told by a promotion that it is fenced
+// (docs/failover.md): fenced, or why not.
+struct FenceOutcome {
+  std::string node{};
+  bool fenced = false;
+  uint32_t sessions_ended = 0;  // the old primary's sessions it ended there
+  std::string error{};          // when not fenced
+};
+
 struct PromoteResult {
   std::string volume{};
   std::string node{};
@@ -121,6 +130,8 @@ struct PromoteResult {
   uint64_t previous = 0;
   bool forced = false;
   bool already_promoted = false;
+  // Every other node of the volume, in the file's order.
+  std::vector<FenceOutcome> fences{};
 };
 
 // What a reload did, or with dry_run would do: volume names, each list in
@@ -170,7 +181,11 @@ class Target {
   // with kClosed -- or the copy is open as primary by a local process);
   // kFailedPrecondition without force when the copy is inconsistent (an
   // interrupted resync) or never received data. Promoting a promoted copy
-  // changes nothing (already_promoted).
+  // changes nothing (already_promoted). Then every other node of the
+  // volume is fenced (docs/failover.md): its copy takes writes only from
+  // this primary's lineage, and the old primary's session there ends with
+  // kFenced. Fences that fail are in the result (`fences`), not an error:
+  // the promotion stands, and promoting again retries them.
   Result<PromoteResult> promote(const std::string& volume, bool force);
   // `pmirrorctl demote VOLUME`: the copy is a replica again (sessions are
   // accepted). kBusy while a local process has the copy open as primary.
@@ -190,6 +205,7 @@ class Target {
   class Impl;
 
  private:
+  Result<PromoteResult> promote_copy(const std::string& volume, bool force);
   explicit Target(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -224,14 +224,17 @@ Admission::Outcome Admission::on_auth(Handshake& h, const protocol::AuthResponse
   // As of now: a reload may change both while sessions run.
   const uint64_t access_checked = volume.access_version.load();
   std::string secret;
-  bool known = volume.allows(identity, &secret);
+  const bool fencer = (h.hello.flags & protocol::kHelloFence) != 0;
+  bool known = fencer ? volume.allows_fencer(identity, &secret) : volume.allows(identity, &secret);
   bool proven = auth::macs_equal(response.mac, auth::initiator_proof(secret, auth_context));
   if (!known || !proven) {
     context_.admission.authentication_failures.fetch_add(1);
     // The log says which; the peer only learns that it failed.
     if (refused_log_.count()) {
       log::warn("{}: volume {}: authentication failed: {}", h.who(), name,
-                known ? "wrong secret" : "identity not in allowed_peers");
+                known    ? "wrong secret"
+                : fencer ? "a fence from an identity that is not one of the volume's nodes"
+                         : "identity not in allowed_peers");
     }
     refuse(h, Errc::kPermissionDenied,
            "authentication failed for '" + protocol::printable(identity) + "' on volume '" + name +

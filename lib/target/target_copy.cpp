@@ -49,7 +49,9 @@ bool WriterClaim::try_claim(ServedVolume& volume, const std::string& who, std::s
 
 Status WriterClaim::claim_for_command(ServedVolume& volume, const std::string& command, bool evict,
                                       const std::string& evict_reason,
-                                      std::chrono::milliseconds wait) {
+                                      std::chrono::milliseconds wait, Errc evict_code,
+                                      bool* evicted) {
+  if (evicted != nullptr) *evicted = false;
   const std::string& name = volume.config.name;
   std::unique_lock lock(volume.mutex);
   if (!volume.admin.empty()) {
@@ -67,7 +69,9 @@ Status WriterClaim::claim_for_command(ServedVolume& volume, const std::string& c
                                      "--force, which ends that session");
     }
     volume.evict_reason = evict_reason;
+    volume.evict_code = evict_code;
     volume.evict = true;
+    if (evicted != nullptr) *evicted = true;
   }
   volume.admin = command;  // from here on, no new session claims the volume
   bool released =

@@ -55,6 +55,7 @@ struct ServedVolume {
   // reload; a session takes it when it starts serving).
   std::atomic<transport::PollMode> poll{transport::PollMode::kAdaptive};
   std::string evict_reason;
+  Errc evict_code = Errc::kClosed;  // what the ended session is told: kClosed, or kFenced
   // The volume's other nodes (config.peers, updated in place by a reload
   // that changes nothing else); guarded by mutex.
   std::vector<std::string> peers;
@@ -68,6 +69,9 @@ struct ServedVolume {
   std::atomic<uint64_t> access_version{0};
   // Whether `identity` may open the volume now; its secret in `secret`.
   bool allows(const std::string& identity, std::string* secret_out = nullptr);
+  // Whether `identity` may fence the volume (a Hello with kHelloFence): it
+  // must be one of the volume's other nodes, proving the volume's secret.
+  bool allows_fencer(const std::string& identity, std::string* secret_out = nullptr);
   // The writer's session has ended and is writing its last checkpoint: a
   // new writer waits for it rather than being refused (an initiator that
   // closes and reopens at once must not see "busy").
@@ -121,9 +125,12 @@ class WriterClaim {
   // once, then waits up to `wait` for the current writer (if any) to let go.
   // With `evict`, the writer's session is asked to end with `evict_reason`.
   // kBusy naming the writer when it is connected and !evict, or did not let
-  // go in time; kBusy naming the other command when one runs.
+  // go in time; kBusy naming the other command when one runs. The ended
+  // session is refused with `evict_code`; `evicted` (if given) says whether
+  // there was one.
   Status claim_for_command(ServedVolume& volume, const std::string& command, bool evict,
-                           const std::string& evict_reason, std::chrono::milliseconds wait);
+                           const std::string& evict_reason, std::chrono::milliseconds wait,
+                           Errc evict_code = Errc::kClosed, bool* evicted = nullptr);
 
  private:
   ServedVolume* volume_ = nullptr;
@@ -142,6 +149,19 @@ Result<std::unique_ptr<metadata::CopyMetadata>> open_copy_metadata(const ServedV
                                                                    bool create = true);
 // 16 lower-case hex digits: how generations are shown.
 std::string hex16(uint64_t value);
+
+// The fence (docs/failover.md): tells node `target` that `volume`, promoted
+// on node `self` (this one), now takes writes only from a primary that
+// descends from `generation`. Returns the writer sessions it ended there.
+Result<uint32_t> send_fence(const config::NodeConfig& target, const std::string& volume,
+                            const std::string& self, const std::string& secret, uint64_t generation,
+                            std::chrono::milliseconds timeout);
+// send_fence to every node in `peers` but `self`, one after the other.
+std::vector<FenceOutcome> fence_peers(const config::ClusterConfig& cluster,
+                                      const std::vector<std::string>& peers,
+                                      const std::string& volume, const std::string& self,
+                                      const std::string& secret, uint64_t generation,
+                                      std::chrono::milliseconds timeout);
 
 // Writes a volume's published progress to the state pool if it moved.
 Status checkpoint(state::StateStore& state, ServedVolume& volume);

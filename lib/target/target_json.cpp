@@ -23,12 +23,21 @@ json copy_json(const CopyStatus& copy) {
   for (uint64_t g : info.generations.history) {
     if (g != 0) history.push_back(hex16(g));
   }
-  return {{"uuid", metadata::uuid_to_string(info.uuid)},
-          {"generation", hex16(info.generations.current)},
-          {"history", std::move(history)},
-          {"consistent", info.consistent},
-          {"promoted", info.promoted},
-          {"clean", info.clean}};
+  json out = {{"uuid", metadata::uuid_to_string(info.uuid)},
+              {"generation", hex16(info.generations.current)},
+              {"history", std::move(history)},
+              {"consistent", info.consistent},
+              {"promoted", info.promoted},
+              {"clean", info.clean}};
+  if (info.fence.generation != 0) {
+    // Which primary this copy takes writes from since a promotion elsewhere.
+    out["fence"] = {{"generation", hex16(info.fence.generation)},
+                    {"promoted_on", info.fence.node},
+                    {"since", format_rfc3339(std::chrono::system_clock::time_point(
+                                  std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                                      std::chrono::nanoseconds(info.fence.since_unix_ns))))}};
+  }
+  return out;
 }
 
 json session_json(const SessionStatus& session) {
@@ -106,7 +115,20 @@ json to_json(const PromoteResult& result) {
           {"previous", hex16(result.previous)},
           {"promoted", true},
           {"forced", result.forced},
-          {"already_promoted", result.already_promoted}};
+          {"already_promoted", result.already_promoted},
+          {"fences", [&] {
+             json fences = json::array();
+             for (const FenceOutcome& f : result.fences) {
+               json entry = {{"node", f.node}, {"fenced", f.fenced}};
+               if (f.fenced) {
+                 entry["sessions_ended"] = f.sessions_ended;
+               } else {
+                 entry["error"] = f.error;
+               }
+               fences.push_back(std::move(entry));
+             }
+             return fences;
+           }()}};
 }
 
 json to_json(const DemoteResult& result) {

@@ -148,6 +148,13 @@ Result<protocol::VerifyReply> verify(const region::Region& region,
   return reply;
 }
 
+// Why a fenced copy refuses a primary (and tells an ended one).
+std::string fenced_text(const std::string& volume, const std::string& node,
+                        const std::string& promoted_on, uint64_t generation) {
+  return "fenced: volume '" + volume + "' was promoted on node " + promoted_on + " (generation " +
+         hex16(generation) + "); its copy on node " + node + " takes writes only from that primary";
+}
+
 // Why a failed volume takes no writer, and what the operator does.
 std::string failed_volume_text(const std::string& name, const std::string& node,
                                const Status& failure) {
@@ -175,6 +182,10 @@ class Session {
         access_seen_(peer_.access_checked) {}
 
   void run() {
+    if ((peer_.hello.flags & protocol::kHelloFence) != 0) {
+      fence();
+      return;
+    }
     if (!open()) return;
     serve();
     close();
@@ -227,6 +238,17 @@ class Session {
       refuse_opening(opened.code(), opened.message());
       return false;
     }
+    if (const metadata::Fence fence = md_->info().fence;
+        fence.generation != 0 && !((peer_.hello.flags & protocol::kHelloLineage) != 0 &&
+                                   peer_.hello.lineage.knows(fence.generation))) {
+      std::string text = fenced_text(name(), context_.node, fence.node, fence.generation);
+      log::warn("{}: refused: {} (the initiator's copy is at generation {})", who(), text,
+                hex16(peer_.hello.lineage.current));
+      md_.close();
+      claim_.release();
+      refuse_opening(Errc::kFenced, text);
+      return false;
+    }
     if (md_->info().promoted) {
       std::string text = "volume '" + name() + "' was promoted on node " + context_.node +
                          " and accepts no other primary; run `pmirrorctl demote " + name() +
@@ -269,6 +291,56 @@ class Session {
       volume_.recorded_sequence = book_.last_sequence;
     }
     return send_descriptor();
+  }
+
+  // A fence (a Hello with kHelloFence) from the node where the volume was
+  // just promoted, its identity, authenticated with the volume's secret as
+  // one of the volume's nodes (docs/failover.md, section 1). The old
+  // primary's session ends -- its registration is revoked and its
+  // connection shut (rdma: the queue pair goes to error) -- before the
+  // fence is recorded and acknowledged; no writer can claim the volume in
+  // between.
+  void fence() {
+    const uint64_t generation = peer_.hello.lineage.current;  // nonzero: decode checked
+    const std::string& promoted_on = identity();
+    const std::string text = fenced_text(name(), context_.node, promoted_on, generation);
+    WriterClaim claim;
+    bool evicted = false;
+    Status claimed = claim.claim_for_command(volume_, "a fence from node " + promoted_on,
+                                             /*evict=*/true, text, std::chrono::seconds(10),
+                                             Errc::kFenced, &evicted);
+    if (!claimed.ok()) {
+      log::warn("{}: volume {}: fence refused: {}", who(), name(), claimed.to_string());
+      refuse_opening(claimed.code(), claimed.message());
+      return;
+    }
+    {
+      std::lock_guard lock(volume_.metadata_mutex);
+      auto md = open_copy_metadata(volume_, context_.node);
+      Status recorded = md.ok() ? (*md)->set_fence(generation, promoted_on) : md.status();
+      if (!recorded.ok()) {
+        log::error("{}: volume {}: recording the fence: {}", who(), name(), recorded.to_string());
+        refuse_opening(recorded.code(), "recording the fence: " + recorded.message());
+        return;
+      }
+      volume_.copy_status = CopyStatus{.info = (*md)->info()};
+      volume_.copy_status_at = std::chrono::steady_clock::now();
+    }
+    claim.release();
+    log::warn("volume {}: fenced: promoted on node {} at generation {}; {}", name(), promoted_on,
+              hex16(generation),
+              evicted ? "the old primary's session was ended" : "no primary was connected");
+    const auth::SessionContext auth_context{name(), identity(), peer_.hello.client_nonce,
+                                            peer_.server_nonce};
+    protocol::FenceAck ack;
+    ack.generation = generation;
+    ack.sessions_ended = evicted ? 1 : 0;
+    ack.mac = auth::target_proof(peer_.secret, auth_context);
+    Status sent = messenger_.send(ack);
+    if (sent.ok()) sent = messenger_.wait_sends(std::chrono::seconds(5));
+    record_.state.transition(supervisor::PeerState::kClosed,
+                             sent.ok() ? "fence recorded" : "fence recorded; " + sent.message());
+    peer_.connection->shutdown();
   }
 
   bool send_descriptor() {
@@ -370,12 +442,17 @@ class Session {
       // `pmirrorctl promote --force` on this node: this copy becomes the
       // primary; the old primary's session ends now.
       std::string reason;
+      Errc code = Errc::kClosed;
       {
         std::lock_guard lock(volume_.mutex);
         reason = volume_.evict_reason;
+        code = volume_.evict_code;
       }
-      end(Errc::kClosed, reason, "ended by promote --force: " + reason,
-          supervisor::PeerState::kClosed);
+      if (code == Errc::kFenced) {
+        end(code, reason, reason, supervisor::PeerState::kRefused);
+      } else {
+        end(code, reason, "ended by promote --force: " + reason, supervisor::PeerState::kClosed);
+      }
       return true;
     }
     if (uint64_t access = volume_.access_version.load(); access != access_seen_) {

@@ -38,6 +38,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <pmirror/pmirror.hpp>
@@ -755,6 +756,13 @@ TEST_F(RecoveryTest, PromotedReplicaResyncsTheReturningOldPrimary) {
   json copy = target_volume(ctl_status("b"), "v").value("copy", json::object());
   EXPECT_EQ(copy.value("promoted", false), true) << copy.dump();
   EXPECT_NE(copy.value("generation", ""), generation_before) << "promote must bump the generation";
+  // The promotion fenced c (a's node runs no pmirrord: not fenced, said so).
+  EXPECT_NE(promoted.out.find("fenced on c"), std::string::npos) << promoted.text();
+  EXPECT_NE(promoted.out.find("NOT fenced on a"), std::string::npos) << promoted.text();
+  json c_fence = target_volume(ctl_status("c"), "v")
+                     .value("copy", json::object())
+                     .value("fence", json::object());
+  EXPECT_EQ(c_fence.value("promoted_on", ""), "b") << c_fence.dump();
 
   const uint64_t a_before = digest(cluster_->copy_path("a"));
   auto opened = open_as("b");  // a is down; c acknowledges
@@ -790,8 +798,10 @@ TEST_F(RecoveryTest, PromotedReplicaResyncsTheReturningOldPrimary) {
   EXPECT_EQ(compare_copies(cluster_->copy_path("b"), cluster_->copy_path("c")), "");
 
   // The old primary's application starting again while b is promoted: b
-  // refuses it, naming the promotion, and b's copy is not touched.
+  // refuses it, naming the promotion, c refuses it (fenced), and neither
+  // copy is touched.
   const uint64_t b_before = digest(cluster_->copy_path("b"));
+  const uint64_t c_before = digest(cluster_->copy_path("c"));
   auto again = open_as("a");
   if (again.ok()) {
     bool refused = wait_state(**again, "b", {"refused", "split-brain"});
@@ -805,6 +815,7 @@ TEST_F(RecoveryTest, PromotedReplicaResyncsTheReturningOldPrimary) {
         << again.status().to_string();
   }
   EXPECT_EQ(digest(cluster_->copy_path("b")), b_before) << "the promoted copy was overwritten";
+  EXPECT_EQ(digest(cluster_->copy_path("c")), c_before) << "the fenced copy was written";
 
   // Failback: b demoted, a is the primary again and b follows it.
   RunResult demoted = cluster_->ctl("b", {"demote", "v"});
@@ -824,8 +835,11 @@ TEST_F(RecoveryTest, PromotedReplicaResyncsTheReturningOldPrimary) {
 }
 
 // promote --force while the old primary is connected: its session to the
-// promoted copy ends and nothing it writes afterwards reaches that copy.
-TEST_F(RecoveryTest, ForcedPromoteCutsTheOldPrimaryOff) {
+// promoted copy ends, the promotion fences the other replica (its session
+// there ends too), and from then on every persist of the old primary fails
+// with kFenced and nothing it writes reaches any copy. The new primary
+// writes to the fenced replica (docs/failover.md, section 1).
+TEST_F(RecoveryTest, ForcedPromoteFencesTheOldPrimaryOut) {
   constexpr uint64_t kSize = 16ull << 20;
   cluster_->add_node("a");
   cluster_->add_node("b");
@@ -843,28 +857,71 @@ TEST_F(RecoveryTest, ForcedPromoteCutsTheOldPrimaryOff) {
   ASSERT_TRUE(wait_in_sync(v, "b")) << diag(v);
   ASSERT_TRUE(wait_in_sync(v, "c")) << diag(v);
 
-  RunResult forced = cluster_->ctl("b", {"promote", "v", "--force"});
+  RunResult forced = cluster_->ctl("b", {"promote", "v", "--force", "--json"});
   ASSERT_EQ(forced.exit, 0) << forced.text();
+  // Once promote has returned, the fence is in force on c: the bytes c holds
+  // now are the last a could write there.
+  const uint64_t b_digest = digest(cluster_->copy_path("b"));
+  const uint64_t c_digest = digest(cluster_->copy_path("c"));
+  json result = json::parse(forced.out, nullptr, false);
+  ASSERT_TRUE(result.is_object()) << forced.text();
+  std::map<std::string, json> fences;
+  for (const json& f : result.value("fences", json::array())) fences[f.value("node", "")] = f;
+  ASSERT_EQ(fences.size(), 2u) << forced.text();
+  EXPECT_EQ(fences["c"].value("fenced", false), true) << forced.text();
+  EXPECT_EQ(fences["c"].value("sessions_ended", 0u), 1u) << "a's session on c" << forced.text();
+  // a's node runs no pmirrord here: not fenced, and said so.
+  EXPECT_EQ(fences["a"].value("fenced", true), false) << forced.text();
+  EXPECT_FALSE(fences["a"].value("error", "").empty()) << forced.text();
   json copy = target_volume(ctl_status("b"), "v").value("copy", json::object());
   EXPECT_EQ(copy.value("promoted", false), true) << copy.dump();
-  // a learns it at its next persist or heartbeat at the latest.
-  bool cut_off = testing::eventually(
+  json c_copy = target_volume(ctl_status("c"), "v").value("copy", json::object());
+  ASSERT_TRUE(c_copy.contains("fence")) << c_copy.dump();
+  EXPECT_EQ(c_copy["fence"].value("promoted_on", ""), "b") << c_copy.dump();
+  EXPECT_EQ(c_copy["fence"].value("generation", ""), copy.value("generation", "?"))
+      << c_copy.dump() << copy.dump();
+
+  // a learns it at its next persist or heartbeat at the latest, and from
+  // then on every persist fails with the fence, naming the promotion.
+  Status failed;
+  bool fenced = testing::eventually(
       [&] {
-        (void)write_records(v, layout, 51, 51, 1);
-        return state_of(v, "b") != "connected";
+        failed = write_records(v, layout, 51, 51, 1);
+        return failed.code() == Errc::kFenced;
       },
       scaled(10s), 100ms);
-  EXPECT_TRUE(cut_off) << "a still mirrors to the copy promoted on b" << diag(v);
-  const uint64_t b_digest = digest(cluster_->copy_path("b"));
-  ASSERT_TRUE(write_records(v, layout, 52, 100, 2).ok()) << "c still acknowledges" << diag(v);
+  ASSERT_TRUE(fenced) << failed.to_string() << diag(v);
+  EXPECT_NE(failed.message().find("promoted on node b"), std::string::npos) << failed.to_string();
+  Status again = write_records(v, layout, 52, 100, 2);
+  EXPECT_EQ(again.code(), Errc::kFenced) << again.to_string() << diag(v);
   EXPECT_NE(state_of(v, "b"), "connected") << diag(v);
+  EXPECT_NE(state_of(v, "c"), "connected") << diag(v);
   opened->reset();
   EXPECT_EQ(digest(cluster_->copy_path("b")), b_digest) << "a wrote into the promoted copy";
-  auto b_scan = scan_copy(cluster_->copy_path("b"), layout);
-  EXPECT_EQ(testing::check_present(b_scan, 1, 50, 1), "") << b_scan.summary();
-  EXPECT_EQ(testing::check_absent(b_scan, 52, 100), "") << b_scan.summary();
-  auto c_scan = scan_copy(cluster_->copy_path("c"), layout);
-  EXPECT_EQ(testing::check_present(c_scan, 52, 100, 2), "") << c_scan.summary();
+  EXPECT_EQ(digest(cluster_->copy_path("c")), c_digest) << "a wrote into the fenced copy";
+  for (const char* node : {"b", "c"}) {
+    auto scan = scan_copy(cluster_->copy_path(node), layout);
+    EXPECT_EQ(testing::check_present(scan, 1, 50, 1), "") << node << ": " << scan.summary();
+    EXPECT_EQ(testing::check_absent(scan, 52, 100), "") << node << ": " << scan.summary();
+  }
+
+  // The old primary's application cannot come back as primary: b refuses
+  // (promoted), c refuses (fenced).
+  auto reopened = open_as("a");
+  if (reopened.ok()) {
+    EXPECT_TRUE(wait_state(**reopened, "c", {"refused"})) << diag(**reopened);
+    EXPECT_NE(write_records(**reopened, layout, 52, 52, 3).code(), Errc::kOk);
+    reopened->reset();
+  } else {
+    EXPECT_TRUE(reopened.status().code() == Errc::kFenced ||
+                reopened.status().code() == Errc::kFailedPrecondition)
+        << reopened.status().to_string();
+  }
+  EXPECT_EQ(digest(cluster_->copy_path("c")), c_digest) << "a reopened wrote into the fenced copy";
+  // (b opening now would find c split-brained: between b's promotion and
+  // c's fence, a left b behind and moved c to a generation b never had --
+  // docs/failover.md, "promote --force with the old primary connected".
+  // PromotedReplicaResyncsTheReturningOldPrimary has b write to a fenced c.)
 }
 
 // ===================================================================== 5

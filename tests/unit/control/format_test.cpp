@@ -429,6 +429,17 @@ TEST(ControlFormat, PromoteAndDemote) {
                     "previous":"12ab34cd56ef7890","promoted":true,"already_promoted":true})")),
             "db1 was already promoted on node2: generation 9f3a2b1c4d5e6f70");
   EXPECT_EQ(format_promote_human(json::parse(
+                R"({"volume":"db1","node":"node2","generation":"9f3a2b1c4d5e6f70",
+                    "previous":"12ab34cd56ef7890","promoted":true,"forced":false,
+                    "fences":[{"node":"node1","fenced":false,"error":"timeout: no answer"},
+                              {"node":"node3","fenced":true,"sessions_ended":1},
+                              {"node":"node4","fenced":true,"sessions_ended":0}]})")),
+            "db1 promoted on node2: generation 9f3a2b1c4d5e6f70 (was 12ab34cd56ef7890)\n"
+            "  NOT fenced on node1: timeout: no answer (that copy may still take the old "
+            "primary's writes; run promote again)\n"
+            "  fenced on node3 (the old primary's session there was ended)\n"
+            "  fenced on node4");
+  EXPECT_EQ(format_promote_human(json::parse(
                 R"({"volume":"db1","node":"node2","promoted":false,
                     "generation":"9f3a2b1c4d5e6f70"})")),
             "db1 demoted on node2: generation 9f3a2b1c4d5e6f70; a replica again");

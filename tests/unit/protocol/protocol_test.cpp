@@ -127,8 +127,9 @@ class Gen {
         m.identity = identity();
         m.client_nonce = bytes<kNonceSize>();
         m.flags = static_cast<uint32_t>(below(8));
+        if ((m.flags & kHelloFence) != 0) m.flags |= kHelloLineage;
         if ((m.flags & kHelloLineage) != 0) {
-          m.lineage.current = u64();
+          m.lineage.current = 1 + below(kMax64);
           size_t used = below(kGenerationHistory + 1);
           for (size_t i = 0; i < used; ++i) m.lineage.history[i] = 1 + below(kMax64);
           m.lineage.left_behind_at = below(2) ? 0 : u64();
@@ -193,8 +194,6 @@ class Gen {
         return m;
       }
       case 16:
-        return Fence{1 + below(kMax64), identity()};
-      case 17:
         return FenceAck{u64(), static_cast<uint32_t>(u64()), bytes<kMacSize>()};
       default: {
         VerifyReply m;
@@ -263,7 +262,7 @@ TEST(ProtocolTest, TypeOfAndTypeNameAgree) {
   EXPECT_EQ(type_name(MessageType::kGenerationAck), "GenerationAck");
   EXPECT_EQ(type_name(MessageType::kVerifyRequest), "VerifyRequest");
   EXPECT_EQ(type_name(MessageType::kVerifyReply), "VerifyReply");
-  EXPECT_EQ(type_of(Fence{}), MessageType::kFence);
+  EXPECT_EQ(type_of(FenceAck{}), MessageType::kFenceAck);
   EXPECT_EQ(type_name(MessageType::kFenceAck), "FenceAck");
   EXPECT_EQ(type_name(static_cast<MessageType>(99)), "unknown");
 }
@@ -400,8 +399,8 @@ TEST(ProtocolDecodeTest, RejectsUnknownType) {
   Bytes b = encoded(Ping{1});
   put_le(b, 6, 0, 2);
   expect_rejected(b, "unknown message type 0");
-  put_le(b, 6, 19, 2);
-  expect_rejected(b, "unknown message type 19");
+  put_le(b, 6, 18, 2);
+  expect_rejected(b, "unknown message type 18");
   put_le(b, 6, 0xffff, 2);
   expect_rejected(b, "unknown message type 65535");
 }
@@ -578,12 +577,10 @@ TEST(ProtocolTest, GoldenHelloWithLineageBytes) {
   EXPECT_FALSE(h.lineage.knows(0));  // an unused entry is not a generation
 }
 
-TEST(ProtocolTest, GoldenFenceBytes) {
-  EXPECT_EQ(encoded(Fence{0x0102030405060708, "b"}),
-            from_hex("504d4952 0200 1100 0b000000 00000000  0807060504030201 0100 62"));
+TEST(ProtocolTest, GoldenFenceAckBytes) {
   FenceAck ack{0x0102030405060708, 2, {}};
   ack.mac[0] = 0xaa;
-  EXPECT_EQ(encoded(ack), from_hex("504d4952 0200 1200 2c000000 00000000  0807060504030201"
+  EXPECT_EQ(encoded(ack), from_hex("504d4952 0200 1100 2c000000 00000000  0807060504030201"
                                    "02000000 aa" +
                                    std::string(62, '0')));
 }
@@ -600,14 +597,17 @@ TEST(ProtocolDecodeTest, RejectsBadFencesAndLineages) {
   b = encoded(h);
   put_le(b, kHeaderSize + 5 + 6 + kNonceSize + 4 + 8 + 8, 3, 8);  // history {0, 3, 0, 0}
   expect_rejected(b, "Hello.lineage.history has a generation after an unused entry");
-  b = encoded(Fence{1, "b"});
-  put_le(b, kHeaderSize, 0, 8);
-  expect_rejected(b, "Fence.generation is 0");
-  b = encoded(Fence{1, "b"});
-  put_le(b, kHeaderSize + 8, 0, 2);  // promoted_node ""
-  b.pop_back();
-  fix_length(b);
-  expect_rejected(b, "Fence.promoted_node: identity is empty");
+  // A fence names the promoted generation in lineage.current.
+  h = sample_hello();
+  h.flags = kHelloFence | kHelloLineage;
+  h.lineage.current = 9;
+  b = encoded(h);
+  put_le(b, kHeaderSize + 5 + 6 + kNonceSize + 4, 0, 8);
+  expect_rejected(b, "Hello: a fence must carry the promoted generation (lineage.current)");
+  h.flags = kHelloFence;
+  h.lineage = {};
+  Bytes out;
+  EXPECT_THAT(encode(h, out).message(), HasSubstr("a fence must carry the promoted generation"));
 }
 
 TEST(ProtocolDecodeTest, RejectsUndefinedMethodBits) {

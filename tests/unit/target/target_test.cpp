@@ -505,13 +505,22 @@ TEST_F(TargetTest, PromoteIsRefusedWhileAWriterIsConnectedUnlessForced) {
   EXPECT_TRUE(promoted->forced);
   EXPECT_FALSE(promoted->already_promoted);
   // What pmirrord answers `promote` with (docs/control.md).
-  EXPECT_EQ(to_json(*promoted), (nlohmann::json{{"volume", "v1"},
-                                                {"node", "b"},
-                                                {"generation", hex16(promoted->generation)},
-                                                {"previous", hex16(g)},
-                                                {"promoted", true},
-                                                {"forced", true},
-                                                {"already_promoted", false}}));
+  const nlohmann::json promoted_json = to_json(*promoted);
+  EXPECT_EQ(promoted_json, (nlohmann::json{{"volume", "v1"},
+                                           {"node", "b"},
+                                           {"generation", hex16(promoted->generation)},
+                                           {"previous", hex16(g)},
+                                           {"promoted", true},
+                                           {"forced", true},
+                                           {"already_promoted", false},
+                                           {"fences", promoted_json.at("fences")}}));
+  // This test's daemon has no cluster file: each other node is reported
+  // unfenced, with the reason (the fences themselves: recovery_test).
+  ASSERT_EQ(promoted->fences.size(), 2u);
+  for (const FenceOutcome& fence : promoted->fences) {
+    EXPECT_FALSE(fence.fenced) << fence.node;
+    EXPECT_THAT(fence.error, HasSubstr("not a node of the cluster file")) << fence.node;
+  }
 
   // The old primary's session was ended.
   auto ended = client->receive("anything");

@@ -492,6 +492,45 @@ TEST_P(TransportContract, DeregisteredMemoryIsNoLongerReachable) {
   for (auto b : mem) ASSERT_EQ(b, std::byte{0});
 }
 
+// What a target does to the old primary's session when it is fenced
+// (docs/failover.md): the registration is destroyed, then the connection
+// shut down. A Write and a Read the old primary posts afterwards fail, and
+// the memory keeps the bytes it had.
+TEST_P(TransportContract, AFencedPeersWritesFailAndLandNowhere) {
+  std::vector<std::byte> mem(4096, std::byte{7}), src(4096, std::byte{1});
+  auto p = make_pair();
+  ASSERT_TRUE(p.active && p.passive);
+  auto rmr = p.passive->register_memory(mem.data(), mem.size(), kRemoteWrite | kRemoteRead);
+  auto smr = p.active->register_memory(src.data(), src.size(), kLocalOnly);
+  ASSERT_TRUE(rmr.ok() && smr.ok());
+  RemoteKey key = (*rmr)->remote_key();
+  // Before the fence the Write lands (the key is good).
+  ASSERT_TRUE(p.active->post_write(**smr, 0, 16, key, 0, 1, true).ok());
+  ASSERT_TRUE(p.active->post_read(**smr, 2048, 8, key, 0, 2).ok());
+  auto before = wait_for(*p.active, 2);
+  ASSERT_EQ(before.size(), 2u);
+  ASSERT_TRUE(before[1].status.ok()) << before[1].status.to_string();
+  ASSERT_EQ(mem[0], std::byte{1});
+  std::fill(mem.begin(), mem.end(), std::byte{7});
+
+  rmr->reset();
+  p.passive->shutdown();
+  std::fill(src.begin(), src.end(), std::byte{2});
+  // The post itself may already be refused (the connection is known
+  // closed); if it is taken, its completion fails.
+  Status write = p.active->post_write(**smr, 0, 4096, key, 0, 3, true);
+  if (write.ok()) (void)p.active->post_read(**smr, 0, 8, key, 0, 4);
+  if (write.ok()) {
+    auto c = drain_until_closed(*p.active);
+    for (const Completion& x : c) {
+      if (x.wr_id == 4) {
+        EXPECT_FALSE(x.status.ok()) << "the flush of a fenced peer completed";
+      }
+    }
+  }
+  for (auto b : mem) ASSERT_EQ(b, std::byte{7}) << "a fenced peer's Write landed";
+}
+
 TEST_P(TransportContract, RkeyOfAnotherConnectionIsRefused) {
   auto l = harness().listen({});
   ASSERT_TRUE(l.ok()) << l.status().to_string();
