@@ -174,7 +174,8 @@ class PMIRROR_EXPORT Volume {
   // identity, a copy that must be promoted first), kNotFound (the target
   // has no such volume), kBusy (another writer), kSplitBrain,
   // kFailedPrecondition (a replica was promoted: this copy is no longer
-  // the primary), kConnectionError / kTimeout (fewer than `ack` replicas
+  // the primary), kFenced (a promotion elsewhere fenced this primary out),
+  // kConnectionError / kTimeout (fewer than `ack` replicas
   // reachable in time), kIoError (the local copy or its metadata). The
   // message names every replica at fault and why; nothing is left open.
   static Result<std::unique_ptr<Volume>> open(const VolumeOptions& options);
@@ -198,7 +199,9 @@ class PMIRROR_EXPORT Volume {
   // Durable locally and on `ack` in-sync replicas (default every replica)
   // when it returns ok. Errors: kInvalidArgument (range outside the
   // volume); kConnectionError / kTimeout when fewer than `ack` replicas
-  // acknowledged it, naming each replica that did not and why.
+  // acknowledged it, naming each replica that did not and why; kFenced
+  // once a target said another copy was promoted (then every later
+  // persist fails too: docs/failover.md).
   Status persist(uint64_t offset, uint64_t length);
   // memcpy into the mapping, then persist. Errors: as persist().
   Status write(uint64_t offset, const void* source, uint64_t length);
