@@ -535,11 +535,23 @@ CopyInfo CopyMetadata::info() const {
 
 // --- generations and role ---
 
-Result<uint64_t> CopyMetadata::new_generation() {
+uint64_t CopyMetadata::fresh_generation() const {
+  std::lock_guard lock(mutex_);
+  Generations known = read_generations(root_);
+  uint64_t next = 0;
+  while (next == 0 || known.knows(next)) next = random_u64();
+  return next;
+}
+
+Result<uint64_t> CopyMetadata::new_generation(uint64_t chosen) {
   std::lock_guard lock(mutex_);
   Root* r = root_;
   Generations before = read_generations(r);
-  uint64_t next = 0;
+  if (chosen != 0 && before.knows(chosen)) {
+    return Status(Errc::kInvalidArgument, "copy metadata " + path_ + ": generation " +
+                                              std::to_string(chosen) + " is not new to this copy");
+  }
+  uint64_t next = chosen;
   while (next == 0 || before.knows(next)) next = random_u64();
   uint64_t old = r->current;
   PMIRROR_RETURN_IF_ERROR(run_tx(pool_.get(), "copy metadata " + path_ + ": new generation", [&] {

@@ -127,7 +127,11 @@ class CopyMetadata {
   // Every peer not tracked yet (bitmap_generation 0) starts being tracked
   // at the old current (0 stays 0: nothing to track from). Returns the new
   // current.
-  Result<uint64_t> new_generation();
+  // `chosen` (nonzero, not current or in history): that value instead of a
+  // random one (a promotion that fenced the other copies with it first).
+  Result<uint64_t> new_generation(uint64_t chosen = 0);
+  // A random nonzero generation this copy does not know.
+  uint64_t fresh_generation() const;
   // Adopts a primary's generation (a replica after a resync, or a primary
   // announcing its new current): the old current goes into history if it
   // differs and is nonzero. Sets `consistent`.

@@ -544,26 +544,51 @@ Result<ReloadResult> Target::reload(const config::DaemonConfig& config, bool dry
 }
 
 Result<PromoteResult> Target::promote(const std::string& volume_name, bool force) {
-  PMIRROR_ASSIGN_OR_RETURN(PromoteResult result, promote_copy(volume_name, force));
-  // Then fence every other node's copy (docs/failover.md, section 1), also
-  // when the copy was promoted already: running promote again retries the
-  // fences that did not take.
   Impl& impl = *impl_;
   auto volume = impl.find(volume_name);
-  if (volume == nullptr) return result;  // removed by a reload meanwhile
+  if (volume == nullptr) {
+    return Status(Errc::kNotFound, "no volume '" + volume_name + "' on node " + impl.config.node);
+  }
   std::vector<std::string> peers;
   std::string secret;
+  bool writer_connected = false;
   {
     std::lock_guard volume_lock(volume->mutex);
     peers = volume->peers;
     secret = volume->secret;
+    writer_connected = !volume->writer.empty();
   }
-  result.fences = fence_peers(impl.config.cluster, peers, volume_name, impl.config.node, secret,
-                              result.generation, kFenceTimeout);
+  auto fence = [&](uint64_t generation) {
+    return fence_peers(impl.config.cluster, peers, volume_name, impl.config.node, secret,
+                       generation, kFenceTimeout);
+  };
+  // promote --force with the old primary connected here: fence the other
+  // copies first, with the generation this copy is about to take, and end
+  // the session here last. Fenced there, the old primary stops (its
+  // persists fail) while this copy still has all it acknowledged; ended
+  // here first, it would go on with the others under a generation this
+  // copy never has, and they would be split-brained against it
+  // (docs/failover.md, section 1).
+  uint64_t chosen = 0;
+  std::vector<FenceOutcome> fenced_first;
+  if (force && writer_connected) {
+    {
+      std::lock_guard lock(volume->metadata_mutex);
+      if (volume->metadata != nullptr) chosen = volume->metadata->fresh_generation();
+    }
+    if (chosen != 0) fenced_first = fence(chosen);
+  }
+  PMIRROR_ASSIGN_OR_RETURN(PromoteResult result, promote_copy(volume_name, force, chosen));
+  // Otherwise fence every other node's copy now, also when the copy was
+  // promoted already: running promote again retries the fences that did
+  // not take.
+  result.fences = chosen != 0 && result.generation == chosen ? std::move(fenced_first)
+                                                             : fence(result.generation);
   return result;
 }
 
-Result<PromoteResult> Target::promote_copy(const std::string& volume_name, bool force) {
+Result<PromoteResult> Target::promote_copy(const std::string& volume_name, bool force,
+                                           uint64_t chosen) {
   Impl& impl = *impl_;
   const std::string& node = impl.config.node;
   auto volume = impl.find(volume_name);
@@ -613,7 +638,7 @@ Result<PromoteResult> Target::promote_copy(const std::string& volume_name, bool 
     auto added = md->peer(peer);
     if (!added.ok()) return added.status().with_context("promote: peer " + peer);
   }
-  PMIRROR_ASSIGN_OR_RETURN(uint64_t generation, md->new_generation());
+  PMIRROR_ASSIGN_OR_RETURN(uint64_t generation, md->new_generation(chosen));
   // A forced promotion of an inconsistent copy declares its bytes the new
   // generation's data: from here on they are what the volume holds.
   if (!info.consistent) PMIRROR_RETURN_IF_ERROR(md->set_consistent(true));

@@ -205,7 +205,9 @@ class Target {
   class Impl;
 
  private:
-  Result<PromoteResult> promote_copy(const std::string& volume, bool force);
+  // `chosen`: the new generation (the other copies were fenced with it
+  // already); 0: a random one.
+  Result<PromoteResult> promote_copy(const std::string& volume, bool force, uint64_t chosen);
   explicit Target(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -918,10 +918,19 @@ TEST_F(RecoveryTest, ForcedPromoteFencesTheOldPrimaryOut) {
         << reopened.status().to_string();
   }
   EXPECT_EQ(digest(cluster_->copy_path("c")), c_digest) << "a reopened wrote into the fenced copy";
-  // (b opening now would find c split-brained: between b's promotion and
-  // c's fence, a left b behind and moved c to a generation b never had --
-  // docs/failover.md, "promote --force with the old primary connected".
-  // PromotedReplicaResyncsTheReturningOldPrimary has b write to a fenced c.)
+
+  // The new primary writes to the fenced copy: its lineage passes the fence
+  // (c was fenced before a's session on b ended, so a never moved c to a
+  // generation b lacks: c is behind b, not split-brained against it).
+  auto b_opened = open_as("b");
+  ASSERT_TRUE(b_opened.ok()) << b_opened.status().to_string() << cluster_->logs();
+  ASSERT_TRUE(wait_in_sync(**b_opened, "c")) << diag(**b_opened);
+  ASSERT_TRUE(write_records(**b_opened, layout, 101, 150, 4).ok()) << diag(**b_opened);
+  b_opened->reset();
+  EXPECT_EQ(compare_copies(cluster_->copy_path("b"), cluster_->copy_path("c")), "");
+  auto c_scan = scan_copy(cluster_->copy_path("c"), layout);
+  EXPECT_EQ(testing::check_present(c_scan, 1, 50, 1), "") << c_scan.summary();
+  EXPECT_EQ(testing::check_present(c_scan, 101, 150, 4), "") << c_scan.summary();
 }
 
 // ===================================================================== 5
