@@ -225,6 +225,11 @@ std::string copy_line(const json& volume) {
   for (const char* key : {"consistent", "clean", "promoted"}) {
     if (auto v = flag(copy, key)) append_field(line, key, *v ? "yes" : "no");
   }
+  // Takes writes only from the primary promoted there (docs/failover.md).
+  if (const json& fence = member(copy, "fence"); fence.is_object()) {
+    append_field(line, "fenced-by", str(fence, "promoted_on"));
+    append_field(line, "fence-generation", format_generation(member(fence, "generation")));
+  }
   return line == "  this copy:" ? std::string() : line;
 }
 

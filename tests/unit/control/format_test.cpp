@@ -146,7 +146,9 @@ TEST(ControlFormat, StatusWithRecoveryFields) {
        "generation": 3, "last_sequence": 4567,
        "copy": {"uuid": "1b4e28ba-2fa1-11d2-883f-0016d3cca427", "generation": "9f3a2b1c4d5e6f70",
                 "history": ["12ab34cd56ef7890", "0000000000000007"], "consistent": true,
-                "promoted": true, "clean": false},
+                "promoted": true, "clean": false,
+                "fence": {"generation": "0123456789abcdef", "promoted_on": "node3",
+                          "since": "2026-12-04T12:00:00Z"}},
        "peers": []},
       {"name": "db2", "role": "replica", "size": 4096, "generation": 1,
        "copy": {"in_use_by_local_primary": true}, "peers": []},
@@ -174,7 +176,8 @@ TEST(ControlFormat, StatusWithRecoveryFields) {
       "db1 role:replica PROMOTED size:256MiB backing:devdax generation:9f3a2b1c4d5e6f70 "
       "last-seq:4567 (pmirrord node2)\n"
       "  this copy: uuid:1b4e28ba-2fa1-11d2-883f-0016d3cca427 "
-      "history:12ab34cd56ef7890,0000000000000007 consistent:yes clean:no promoted:yes\n"
+      "history:12ab34cd56ef7890,0000000000000007 consistent:yes clean:no promoted:yes "
+      "fenced-by:node3 fence-generation:0123456789abcdef\n"
       "  (no peers)\n"
       "db2 role:replica size:4KiB generation:1 (pmirrord node2)\n"
       "  this copy: in use by the primary on this node (libpmirror has it open)\n"
