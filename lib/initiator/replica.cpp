@@ -75,26 +75,16 @@ Status Replica::handshake(const Setup& setup) {
   PMIRROR_RETURN_IF_ERROR(messenger_->send(hello));
 
   const auto timeout = setup.options.connect_timeout;
-  PMIRROR_ASSIGN_OR_RETURN(protocol::Message reply, messenger_->receive(timeout, "Challenge"));
-  auto* challenge = std::get_if<protocol::Challenge>(&reply);
-  if (challenge == nullptr) {
-    return Status(
-        Errc::kProtocolError,
-        "expected Challenge, got " + std::string(protocol::type_name(protocol::type_of(reply))));
-  }
+  PMIRROR_ASSIGN_OR_RETURN(protocol::Challenge challenge,
+                           messenger_->receive_as<protocol::Challenge>(timeout));
   auth::SessionContext context{hello.volume, hello.identity, hello.client_nonce,
-                               challenge->server_nonce};
+                               challenge.server_nonce};
   PMIRROR_RETURN_IF_ERROR(
       messenger_->send(protocol::AuthResponse{auth::initiator_proof(spec_.secret, context)}));
 
-  PMIRROR_ASSIGN_OR_RETURN(protocol::Message accepted,
-                           messenger_->receive(timeout, "VolumeDescriptor"));
-  auto* descriptor = std::get_if<protocol::VolumeDescriptor>(&accepted);
-  if (descriptor == nullptr) {
-    return Status(Errc::kProtocolError,
-                  "expected VolumeDescriptor, got " +
-                      std::string(protocol::type_name(protocol::type_of(accepted))));
-  }
+  PMIRROR_ASSIGN_OR_RETURN(protocol::VolumeDescriptor accepted,
+                           messenger_->receive_as<protocol::VolumeDescriptor>(timeout));
+  const protocol::VolumeDescriptor* descriptor = &accepted;
   if (!auth::macs_equal(descriptor->mac, auth::target_proof(spec_.secret, context))) {
     return Status(Errc::kPermissionDenied,
                   "the target could not prove it knows the volume's secret (is the same secret "

@@ -55,6 +55,17 @@ class Messenger {
   // naming `expecting`. An ErrorReply from the peer comes back as its own
   // code and text.
   Result<protocol::Message> receive(std::chrono::milliseconds timeout, std::string_view expecting);
+  // receive(), for a message of type T only: any other is kProtocolError
+  // "expected T, got U".
+  template <typename T>
+  Result<T> receive_as(std::chrono::milliseconds timeout) {
+    const std::string_view expected = protocol::type_name(protocol::type_of(protocol::Message(T{})));
+    PMIRROR_ASSIGN_OR_RETURN(protocol::Message message, receive(timeout, expected));
+    if (auto* wanted = std::get_if<T>(&message)) return std::move(*wanted);
+    return Status(Errc::kProtocolError,
+                  "expected " + std::string(expected) + ", got " +
+                      std::string(protocol::type_name(protocol::type_of(message))));
+  }
 
   // Waits until every message sent so far has left (its send completed),
   // for an orderly close. Messages that arrive meanwhile are kept for the

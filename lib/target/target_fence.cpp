@@ -34,27 +34,15 @@ Result<uint32_t> send_fence(const config::NodeConfig& target, const std::string&
   hello.flags = protocol::kHelloFence | protocol::kHelloLineage;
   hello.lineage.current = generation;
   if (Status sent = messenger.send(hello); !sent.ok()) return close(sent);
-  auto reply = messenger.receive(timeout, "Challenge");
-  if (!reply.ok()) return close(reply.status());
-  const auto* challenge = std::get_if<protocol::Challenge>(&*reply);
-  if (challenge == nullptr) {
-    return close(Status(
-        Errc::kProtocolError,
-        "expected Challenge, got " + std::string(protocol::type_name(protocol::type_of(*reply)))));
-  }
+  auto challenge = messenger.receive_as<protocol::Challenge>(timeout);
+  if (!challenge.ok()) return close(challenge.status());
   const auth::SessionContext context{volume, self, hello.client_nonce, challenge->server_nonce};
   if (Status sent = messenger.send(protocol::AuthResponse{auth::initiator_proof(secret, context)});
       !sent.ok()) {
     return close(sent);
   }
-  auto answer = messenger.receive(timeout, "FenceAck");
-  if (!answer.ok()) return close(answer.status());
-  const auto* ack = std::get_if<protocol::FenceAck>(&*answer);
-  if (ack == nullptr) {
-    return close(Status(
-        Errc::kProtocolError,
-        "expected FenceAck, got " + std::string(protocol::type_name(protocol::type_of(*answer)))));
-  }
+  auto ack = messenger.receive_as<protocol::FenceAck>(timeout);
+  if (!ack.ok()) return close(ack.status());
   if (!auth::macs_equal(ack->mac, auth::target_proof(secret, context))) {
     return close(
         Status(Errc::kPermissionDenied, "the target could not prove it knows the volume's secret"));
