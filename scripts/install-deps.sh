@@ -11,6 +11,8 @@ packages=(
   googletest libgtest-dev libgmock-dev
   nlohmann-json3-dev libssl-dev libxxhash-dev libsystemd-dev
   prometheus-cpp-dev
+  # pmirror-promoter: etcd's JSON gateway over libcurl; etcd for its tests
+  libcurl4-openssl-dev etcd-server etcd-client
   systemd
   procps iproute2 python3
   # scripts/fuzz.sh: clang with libFuzzer and the sanitizer runtimes

@@ -61,23 +61,24 @@ extern "C" {
 /* Returned negated. The same classes, with the same numbers, as the C++
  * API's pmirror::Errc. */
 enum pmirror_error {
-  PMIRROR_E_INVALID_ARGUMENT = 1,    /* an argument out of range or malformed */
-  PMIRROR_E_NOT_FOUND = 2,           /* file, volume, replica, node does not exist */
-  PMIRROR_E_PERMISSION_DENIED = 3,   /* file mode, identity or secret refused */
-  PMIRROR_E_ALREADY_EXISTS = 4,      /* create over something that exists */
-  PMIRROR_E_IO = 5,                  /* a system call on a file or device failed */
-  PMIRROR_E_PROTOCOL = 6,            /* a peer sent something malformed */
-  PMIRROR_E_CONNECTION = 7,          /* connect failed, a replica was lost */
-  PMIRROR_E_TIMEOUT = 8,             /* no answer in time */
-  PMIRROR_E_UNSUPPORTED = 9,         /* the device or target cannot do it */
-  PMIRROR_E_BUSY = 10,               /* the volume has another writer */
-  PMIRROR_E_CONFIG = 11,             /* the cluster file is wrong */
-  PMIRROR_E_INTERNAL = 12,           /* a bug in libpmirror */
-  PMIRROR_E_CLOSED = 13,             /* the object was shut down */
-  PMIRROR_E_RESOURCE_EXHAUSTED = 14, /* out of memory, slots or space */
-  PMIRROR_E_SPLIT_BRAIN = 15,        /* both copies moved on from a common generation */
+  PMIRROR_E_INVALID_ARGUMENT = 1,     /* an argument out of range or malformed */
+  PMIRROR_E_NOT_FOUND = 2,            /* file, volume, replica, node does not exist */
+  PMIRROR_E_PERMISSION_DENIED = 3,    /* file mode, identity or secret refused */
+  PMIRROR_E_ALREADY_EXISTS = 4,       /* create over something that exists */
+  PMIRROR_E_IO = 5,                   /* a system call on a file or device failed */
+  PMIRROR_E_PROTOCOL = 6,             /* a peer sent something malformed */
+  PMIRROR_E_CONNECTION = 7,           /* connect failed, a replica was lost */
+  PMIRROR_E_TIMEOUT = 8,              /* no answer in time */
+  PMIRROR_E_UNSUPPORTED = 9,          /* the device or target cannot do it */
+  PMIRROR_E_BUSY = 10,                /* the volume has another writer */
+  PMIRROR_E_CONFIG = 11,              /* the cluster file is wrong */
+  PMIRROR_E_INTERNAL = 12,            /* a bug in libpmirror */
+  PMIRROR_E_CLOSED = 13,              /* the object was shut down */
+  PMIRROR_E_RESOURCE_EXHAUSTED = 14,  /* out of memory, slots or space */
+  PMIRROR_E_SPLIT_BRAIN = 15,         /* both copies moved on from a common generation */
   PMIRROR_E_FAILED_PRECONDITION = 16, /* not in a state that allows it (e.g. not connected) */
-  PMIRROR_E_FENCED = 17               /* another copy was promoted: this one may no longer write */
+  PMIRROR_E_FENCED = 17,              /* another copy was promoted: this one may no longer write */
+  PMIRROR_E_LEASE_LOST = 18 /* the failover lease ran out: this primary must stop writing */
 };
 
 /* The name of an error code, e.g. "timeout", for `error` given either as a

@@ -24,6 +24,8 @@ std::string_view errc_name(Errc code) {
     case Errc::kSplitBrain: return "split brain";
     case Errc::kFailedPrecondition: return "failed precondition";
     case Errc::kFenced: return "fenced";
+    case Errc::kLeaseLost:
+      return "lease lost";
   }
   return "unknown error";
 }

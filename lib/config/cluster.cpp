@@ -24,8 +24,8 @@
 
 #include "config/config.h"
 #include "config/config_internal.h"
-#include "protocol/protocol.h"
 #include "config/yaml_documents.h"
+#include "protocol/protocol.h"
 
 namespace pmirror::config {
 namespace {
@@ -41,7 +41,7 @@ constexpr uint64_t kMaxChunk = 1ull << 20;
 // for 100MiB/s) rather than a wish.
 constexpr uint64_t kMinResyncRate = 1ull << 20;
 
-constexpr std::string_view kTopKeys[] = {"cluster", "daemon", "nodes", "volumes"};
+constexpr std::string_view kTopKeys[] = {"cluster", "daemon", "failover", "nodes", "volumes"};
 constexpr std::string_view kClusterKeys[] = {"name"};
 constexpr std::string_view kDaemonKeys[] = {"control_socket",
                                             "log_level",
@@ -53,17 +53,35 @@ constexpr std::string_view kDaemonKeys[] = {"control_socket",
                                             "reconnect_max",
                                             "handshake_timeout",
                                             "max_unauthenticated",
-                                            "max_unauthenticated_per_source"};
+                                            "max_unauthenticated_per_source",
+                                            "lease_dir"};
 // Unauthenticated connections a daemon may be told to keep: each costs a
 // socket (a file descriptor), so beyond this the limit means nothing.
 constexpr uint64_t kMaxUnauthenticatedLimit = 65536;
-constexpr std::string_view kNodeKeys[] = {"name",           "address",   "port",
-                                          "transport",      "listen",    "state_pool",
-                                          "control_socket", "log_level", "metrics"};
+constexpr std::string_view kNodeKeys[] = {"name",    "address",    "port",           "transport",
+                                          "listen",  "state_pool", "control_socket", "log_level",
+                                          "metrics", "lease_dir"};
 constexpr std::string_view kVolumeKeys[] = {
-    "name", "size",  "primary",     "replicas",          "ack",      "on_insufficient",
-    "path", "paths", "create",      "allowed_peers",     "secret",   "secret_file",
-    "apm",  "chunk", "resync_rate", "after_split_brain", "metadata", "poll"};
+    "name",    "size",  "primary",     "replicas",          "ack",      "on_insufficient",
+    "path",    "paths", "create",      "allowed_peers",     "secret",   "secret_file",
+    "apm",     "chunk", "resync_rate", "after_split_brain", "metadata", "poll",
+    "failover"};
+// `failover` (docs/failover.md, section 2).
+constexpr std::string_view kFailoverKeys[] = {"engine", "etcd"};
+constexpr std::string_view kEngines[] = {"none", "etcd", "pacemaker"};
+constexpr std::string_view kEtcdKeys[] = {"endpoints", "prefix", "ttl", "renew",
+                                          "timeout",   "margin", "tls"};
+constexpr std::string_view kTlsKeys[] = {"ca", "cert", "key"};
+constexpr std::string_view kVolumeFailoverKeys[] = {"hook_unit", "start_command", "stop_command"};
+// What systemctl can start: unit types with a start job.
+constexpr std::string_view kUnitSuffixes[] = {".service",   ".socket", ".target", ".mount",
+                                              ".automount", ".swap",   ".path",   ".timer",
+                                              ".slice",     ".scope",  ".device"};
+// The lease timing's lower bounds: below them, scheduling and network
+// jitter alone would cost a primary its lease.
+constexpr std::chrono::milliseconds kMinLeaseTtl{3000};
+constexpr std::chrono::milliseconds kMinLeaseRenew{100};
+constexpr std::chrono::milliseconds kMinEtcdTimeout{100};
 constexpr std::string_view kLogLevels[] = {"trace", "debug",    "info", "warn",
                                            "error", "critical", "off"};
 
@@ -141,6 +159,49 @@ std::string type_name(const YAML::Node& node) {
       return "nothing";
   }
   return "something else";
+}
+
+// "2s", "1500ms": how the timing rule's message shows a duration.
+std::string duration_text(std::chrono::milliseconds d) {
+  if (d.count() % 1000 == 0) return std::to_string(d.count() / 1000) + "s";
+  return std::to_string(d.count()) + "ms";
+}
+
+// Empty when `unit` is a name systemctl can start (db1-app.service,
+// app@db1.service); otherwise why not.
+std::string check_unit_name(std::string_view unit) {
+  constexpr size_t kMaxUnitName = 255;  // systemd's UNIT_NAME_MAX
+  if (unit.size() > kMaxUnitName) {
+    return "is " + std::to_string(unit.size()) + " characters; a unit name has at most " +
+           std::to_string(kMaxUnitName);
+  }
+  std::string_view suffix;
+  for (auto candidate : kUnitSuffixes) {
+    if (unit.size() > candidate.size() && unit.ends_with(candidate)) suffix = candidate;
+  }
+  const std::string quoted = "'" + std::string(unit) + "'";
+  if (suffix.empty()) {
+    return quoted + " is not a systemd unit name; it must end in " + join(kUnitSuffixes) +
+           " (e.g. db1-app.service)";
+  }
+  for (char c : unit) {
+    bool good = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                c == ':' || c == '-' || c == '_' || c == '.' || c == '\\' || c == '@';
+    if (!good) {
+      return quoted +
+             " contains a character a systemd unit name cannot have (no '/' or whitespace; "
+             "letters, digits and ':-_.\\@' only)";
+    }
+  }
+  std::string_view prefix = unit.substr(0, unit.size() - suffix.size());
+  if (prefix.front() == '@' || std::count(prefix.begin(), prefix.end(), '@') > 1) {
+    return quoted + " is not a systemd unit name (at most one '@', not at the start)";
+  }
+  if (prefix.back() == '@') {
+    return quoted + " is a template; name an instance of it (e.g. " + std::string(prefix) + "db1" +
+           std::string(suffix) + ")";
+  }
+  return {};
 }
 
 // Everything one parse needs: the source name for messages and the list of
@@ -312,8 +373,8 @@ class Parser {
     return text;
   }
 
-  std::optional<std::chrono::milliseconds> duration(const Entry& entry,
-                                                    const std::string& context) {
+  std::optional<std::chrono::milliseconds> duration(const Entry& entry, const std::string& context,
+                                                    bool allow_zero = false) {
     auto text = scalar(entry, context, "a duration such as 200ms, 5s or 1m");
     if (!text) return std::nullopt;
     auto value = parse_duration(*text);
@@ -321,7 +382,7 @@ class Parser {
       error(entry.value_mark(), context, value.status().message());
       return std::nullopt;
     }
-    if (value->count() == 0) {
+    if (value->count() == 0 && !allow_zero) {
       error(entry.value_mark(), context, "must be greater than zero");
       return std::nullopt;
     }
@@ -404,6 +465,9 @@ class Parser {
         settings.state_pool = *v;
         settings.state_pool_origin = {where(e->value_mark()), context + "state_pool"};
       }
+    }
+    if (auto* e = find(keys, "lease_dir")) {
+      if (auto v = absolute_path(*e, context + "lease_dir")) settings.lease_dir = *v;
     }
     if (auto* e = find(keys, "metrics")) {
       if (auto v = scalar(*e, context + "metrics", "HOST:PORT or off")) {
@@ -490,6 +554,274 @@ class Parser {
             "reconnect_max (" + ms(settings.reconnect_max) +
                 ") must not be shorter than reconnect_initial (" + ms(settings.reconnect_initial) +
                 ")");
+    }
+  }
+
+  // ------------------------------------------------------------- failover
+
+  // One etcd endpoint: http:// or https://, a host and a port, no path
+  // beyond "/". Returns the URL as written, or nothing (reported).
+  std::optional<std::string> etcd_endpoint(const YAML::Node& item, const std::string& context) {
+    if (!item.IsScalar()) {
+      error(item.Mark(), context,
+            "expected a URL such as https://10.0.0.1:2379, got " + type_name(item));
+      return std::nullopt;
+    }
+    const std::string& url = item.Scalar();
+    auto bad = [&](const std::string& why) {
+      error(item.Mark(), context, "'" + url + "' is not an etcd endpoint: " + why);
+      return std::nullopt;
+    };
+    std::string_view rest(url);
+    if (rest.starts_with("http://")) {
+      rest.remove_prefix(7);
+    } else if (rest.starts_with("https://")) {
+      rest.remove_prefix(8);
+    } else {
+      return bad("it must start with http:// or https:// (e.g. https://10.0.0.1:2379)");
+    }
+    size_t slash = rest.find('/');
+    std::string_view authority = rest.substr(0, slash);
+    if (slash != std::string_view::npos && rest.substr(slash) != "/") {
+      return bad("no path is allowed after the port (the gateway's /v3/... paths are added)");
+    }
+    if (authority.find_first_of("@?# \t") != std::string_view::npos) {
+      return bad("write only http(s)://HOST:PORT, without user, query or spaces");
+    }
+    const size_t host_end = authority.starts_with('[') ? authority.find(']') : 0;
+    if (host_end != std::string_view::npos &&
+        authority.find(':', host_end) == std::string_view::npos) {
+      return bad("the port is missing (e.g. https://10.0.0.1:2379)");
+    }
+    if (auto address = parse_host_port(authority); !address.ok()) {
+      return bad(address.status().message() + " (etcd's client port is usually 2379)");
+    }
+    return url;
+  }
+
+  void parse_etcd(const Entry& entry, const std::string& context, EtcdSettings& etcd) {
+    if (!entry.value.IsMap()) {
+      error(entry.value_mark(), context,
+            "expected a map (endpoints, prefix, ttl, ...), got " + type_name(entry.value));
+      return;
+    }
+    auto keys = entries(entry.value, context, kEtcdKeys);
+    bool any_https = false;
+    if (auto* e = find(keys, "endpoints"); e == nullptr) {
+      error(entry.key.Mark(), context,
+            "missing required key 'endpoints' (e.g. endpoints: [https://10.0.0.1:2379])");
+    } else if (!e->value.IsSequence()) {
+      error(e->value_mark(), context + ".endpoints",
+            "expected a list of URLs (e.g. [https://10.0.0.1:2379, https://10.0.0.2:2379]), got " +
+                type_name(e->value));
+    } else if (e->value.size() == 0) {
+      error(e->value_mark(), context + ".endpoints",
+            "the list is empty; name at least one etcd endpoint (better: every member)");
+    } else {
+      std::map<std::string, YAML::Mark> listed;
+      for (size_t i = 0; i < e->value.size(); ++i) {
+        const YAML::Node item = e->value[i];
+        std::string item_context = context + ".endpoints[" + std::to_string(i) + "]";
+        auto url = etcd_endpoint(item, item_context);
+        if (!url) continue;
+        if (auto [first, inserted] = listed.emplace(*url, item.Mark()); !inserted) {
+          error(item.Mark(), item_context,
+                "'" + *url + "' is listed twice (first at " + where(first->second) + ")");
+          continue;
+        }
+        any_https = any_https || url->starts_with("https://");
+        etcd.endpoints.push_back(*url);
+      }
+    }
+    if (auto* e = find(keys, "prefix")) {
+      std::string key_context = context + ".prefix";
+      if (auto v = string(*e, key_context)) {
+        if (v->front() != '/') {
+          error(e->value_mark(), key_context, "'" + *v + "' must start with '/' (e.g. /pmirror)");
+        } else if (v->back() == '/') {
+          error(e->value_mark(), key_context,
+                "'" + *v + "' must not end with '/' (keys are <prefix>/<cluster>/...)");
+        } else if (v->find_first_of(" \t\r\n\f\v") != std::string::npos) {
+          error(e->value_mark(), key_context, "'" + *v + "' must not contain whitespace");
+        } else if (v->find("//") != std::string::npos) {
+          error(e->value_mark(), key_context, "'" + *v + "' must not contain '//'");
+        } else {
+          etcd.prefix = *v;
+        }
+      }
+    }
+    // The timing: each at least its minimum, then the rule between them.
+    bool timing_ok = true;
+    std::optional<YAML::Mark> ttl_mark;
+    auto read = [&](const char* key, std::chrono::milliseconds& out,
+                    std::chrono::milliseconds minimum, const char* why,
+                    std::optional<YAML::Mark>* mark = nullptr) {
+      const Entry* e = find(keys, key);
+      if (e == nullptr) return;
+      const std::string key_context = context + "." + key;
+      auto v = duration(*e, key_context, /*allow_zero=*/minimum.count() == 0);
+      if (!v) {
+        timing_ok = false;
+      } else if (*v < minimum) {
+        error(e->value_mark(), key_context,
+              duration_text(*v) + " is too short; at least " + duration_text(minimum) + ": " + why);
+        timing_ok = false;
+      } else {
+        out = *v;
+        if (mark != nullptr) *mark = e->value_mark();
+      }
+    };
+    read("ttl", etcd.ttl, kMinLeaseTtl,
+         "a shorter lease expires on a busy network or after a scheduling delay", &ttl_mark);
+    read("renew", etcd.renew, kMinLeaseRenew, "renewing more often only loads etcd");
+    read("timeout", etcd.timeout, kMinEtcdTimeout,
+         "etcd rarely answers that fast under load, and a timed-out renewal is a failed one");
+    read("margin", etcd.margin, std::chrono::milliseconds(0), "");
+    const auto needed = etcd.renew + 2 * etcd.timeout + etcd.margin;
+    if (timing_ok && needed > etcd.ttl) {
+      error(ttl_mark.value_or(entry.key.Mark()), context,
+            "renew (" + duration_text(etcd.renew) + ") + 2 x timeout (" +
+                duration_text(etcd.timeout) + ") + margin (" + duration_text(etcd.margin) + ") = " +
+                duration_text(needed) + " must not exceed ttl (" + duration_text(etcd.ttl) +
+                "): a primary that cannot renew would go on writing after its lease expired "
+                "(docs/failover.md)");
+    }
+    if (auto* e = find(keys, "tls")) {
+      const std::string tls_context = context + ".tls";
+      if (!e->value.IsMap()) {
+        error(e->value_mark(), tls_context,
+              "expected a map of files (e.g. {ca: /etc/pmirror/etcd-ca.pem, cert: ..., key: "
+              "...}), got " +
+                  type_name(e->value));
+      } else {
+        auto tls = entries(e->value, tls_context, kTlsKeys);
+        auto file = [&](const char* key, std::string& out, std::string& at) {
+          if (auto* f = find(tls, key)) {
+            if (auto v = absolute_path(*f, tls_context + "." + key)) {
+              out = *v;
+              at = where(f->value_mark());
+            }
+          }
+        };
+        file("ca", etcd.tls_ca, etcd.tls_ca_at);
+        file("cert", etcd.tls_cert, etcd.tls_cert_at);
+        file("key", etcd.tls_key, etcd.tls_key_at);
+        const Entry* cert = find(tls, "cert");
+        const Entry* key = find(tls, "key");
+        if ((cert == nullptr) != (key == nullptr)) {
+          const Entry* given = cert != nullptr ? cert : key;
+          error(given->key.Mark(), tls_context,
+                std::string("cert and key go together: the client certificate is given ") +
+                    (cert != nullptr ? "without its key" : "key without its certificate") +
+                    "; give both, or neither (server-verified TLS only)");
+        }
+        if (!etcd.endpoints.empty() && !any_https) {
+          error(e->key.Mark(), tls_context,
+                "every endpoint is http://, so TLS would never be used; write the endpoints as "
+                "https://, or drop tls");
+        }
+      }
+    }
+  }
+
+  // `failover` (docs/failover.md, section 2). `cluster_name_given`: the
+  // file has a cluster.name key (valid or reported already).
+  void parse_failover(const Entry& entry, ClusterConfig& config, bool cluster_name_given) {
+    config.failover.origin = {where(entry.value_mark()), "failover"};
+    if (entry.value.IsNull()) return;  // all defaults: no engine
+    if (!entry.value.IsMap()) {
+      error(entry.value_mark(), "failover",
+            "expected a map (e.g. {engine: etcd, etcd: {...}}), got " + type_name(entry.value));
+      engine_ok_ = false;
+      return;
+    }
+    auto keys = entries(entry.value, "failover", kFailoverKeys);
+    const Entry* engine = find(keys, "engine");
+    if (engine != nullptr) {
+      if (auto v = one_of(*engine, "failover.engine", kEngines)) {
+        config.failover.engine = *v == "etcd"        ? FailoverEngine::kEtcd
+                                 : *v == "pacemaker" ? FailoverEngine::kPacemaker
+                                                     : FailoverEngine::kNone;
+      } else {
+        engine_ok_ = false;
+      }
+    }
+    const Entry* etcd = find(keys, "etcd");
+    if (!engine_ok_) {
+      if (etcd != nullptr) parse_etcd(*etcd, "failover.etcd", config.failover.etcd);
+      return;
+    }
+    if (config.failover.engine == FailoverEngine::kEtcd) {
+      if (etcd == nullptr || etcd->value.IsNull()) {
+        error(etcd != nullptr ? etcd->key.Mark() : engine->value_mark(), "failover.etcd",
+              "engine: etcd needs the etcd section with its endpoints, e.g.\n"
+              "  failover:\n"
+              "    engine: etcd\n"
+              "    etcd: {endpoints: [https://10.0.0.1:2379, https://10.0.0.2:2379]}");
+      } else {
+        parse_etcd(*etcd, "failover.etcd", config.failover.etcd);
+      }
+      if (config.name.empty() && !cluster_name_given) {
+        error(engine->value_mark(), "failover.engine",
+              "engine: etcd needs cluster.name (e.g. cluster: {name: prod}): the lease keys "
+              "live under <prefix>/<cluster name>/, so that clusters sharing an etcd do not "
+              "take each other's leases");
+      }
+    } else if (etcd != nullptr) {
+      error(etcd->key.Mark(), "failover.etcd",
+            "failover.etcd is only used with engine: etcd (engine is " +
+                std::string(engine != nullptr ? engine->value.Scalar() : "none, the default") +
+                "); set engine: etcd or remove the etcd section");
+    }
+  }
+
+  // A volume's `failover:` entry.
+  void parse_volume_failover(const Entry& entry, const std::string& context,
+                             const ClusterConfig& config, VolumeFailover& out) {
+    if (entry.value.IsNull()) return;
+    if (!entry.value.IsMap()) {
+      error(entry.value_mark(), context,
+            "expected a map (e.g. {hook_unit: db1-app.service}), got " + type_name(entry.value));
+      return;
+    }
+    if (engine_ok_ && config.failover.engine == FailoverEngine::kNone) {
+      error(entry.key.Mark(), context,
+            "has no effect without failover.engine (etcd or pacemaker): with none, an operator "
+            "promotes by hand and starts the application; set failover.engine or remove this "
+            "entry");
+    }
+    auto keys = entries(entry.value, context, kVolumeFailoverKeys);
+    const Entry* unit = find(keys, "hook_unit");
+    const Entry* start = find(keys, "start_command");
+    const Entry* stop = find(keys, "stop_command");
+    if (unit != nullptr && (start != nullptr || stop != nullptr)) {
+      const Entry* other = start != nullptr ? start : stop;
+      error(other->key.Mark(), context,
+            "give either hook_unit or start_command (with stop_command), not both (hook_unit is "
+            "at " +
+                where(unit->key.Mark()) + ")");
+      return;
+    }
+    if (stop != nullptr && start == nullptr) {
+      error(stop->key.Mark(), context,
+            "stop_command is only used with start_command; give start_command too, or use "
+            "hook_unit");
+      return;
+    }
+    if (unit != nullptr) {
+      if (auto v = string(*unit, context + ".hook_unit")) {
+        if (auto problem = check_unit_name(*v); !problem.empty()) {
+          error(unit->value_mark(), context + ".hook_unit", problem);
+        } else {
+          out.hook_unit = *v;
+        }
+      }
+    }
+    if (start != nullptr) {
+      if (auto v = string(*start, context + ".start_command")) out.start_command = *v;
+    }
+    if (stop != nullptr) {
+      if (auto v = string(*stop, context + ".stop_command")) out.stop_command = *v;
     }
   }
 
@@ -934,6 +1266,9 @@ class Parser {
                                                              : SplitBrainPolicy::kRefuse;
       }
     }
+    if (auto* e = find(keys, "failover")) {
+      parse_volume_failover(*e, context + ".failover", config, volume.failover);
+    }
     count_mapped_bytes(volume, size_mark, context + ".size");
     config.volumes.push_back(std::move(volume));
   }
@@ -1133,6 +1468,7 @@ class Parser {
       return;
     }
     auto keys = entries(root, "", kTopKeys);
+    bool cluster_name_given = false;
     if (auto* e = find(keys, "cluster"); e != nullptr && !e->value.IsNull()) {
       if (!e->value.IsMap()) {
         error(e->value_mark(), "cluster",
@@ -1140,11 +1476,13 @@ class Parser {
       } else {
         auto cluster_keys = entries(e->value, "cluster", kClusterKeys);
         if (auto* n = find(cluster_keys, "name")) {
+          cluster_name_given = true;
           if (auto v = name(*n, "cluster.name", "cluster name")) config.name = *v;
         }
       }
     }
     if (auto* e = find(keys, "daemon")) parse_daemon(*e, config.daemon);
+    if (auto* e = find(keys, "failover")) parse_failover(*e, config, cluster_name_given);
     // Node marks, for problems found once all nodes are known.
     if (auto* e = find(keys, "nodes"); e != nullptr && e->value.IsSequence()) {
       for (size_t i = 0; i < e->value.size(); ++i) {
@@ -1166,6 +1504,9 @@ class Parser {
   // node -> bytes of its volumes and their names, for count_mapped_bytes.
   std::map<std::string, std::pair<uint64_t, std::string>> mapped_;
   std::map<std::string, YAML::Mark> node_marks_;
+  // False when `failover` or its engine was wrong: volumes then do not
+  // report their failover entries as having no effect.
+  bool engine_ok_ = true;
   std::string known_nodes_;                // see known_nodes()
   std::set<std::string> shares_endpoint_;  // nodes with another node's address:port
   // Every file a node keeps a copy in (data and metadata), for

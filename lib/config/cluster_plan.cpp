@@ -3,13 +3,19 @@
 // for a volume (initiator_plan), which node this is (resolve_node), and
 // `pmirrorctl config check`'s whole-file check with what only this host
 // can see (secret files, existing files' sizes, shared files, free space).
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "config/config.h"
@@ -93,6 +99,29 @@ std::optional<std::string> local_size_problem(const std::string& path, uint64_t 
     }
   }
   return std::nullopt;
+}
+
+// Why the promoter could not read `path` (a TLS file), or nothing.
+std::optional<std::string> unreadable_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) return "cannot read " + path + ": " + std::strerror(errno);
+  struct stat st {};
+  std::optional<std::string> problem;
+  if (::fstat(fd, &st) != 0) {
+    problem = "cannot read " + path + ": " + std::strerror(errno);
+  } else if (!S_ISREG(st.st_mode)) {
+    problem = path + " is not a regular file";
+  } else if (st.st_size == 0) {
+    problem = path + " is empty";
+  }
+  ::close(fd);
+  return problem;
+}
+
+// <lease_dir>/<volume>.lease
+std::string lease_file_path(std::string dir, const std::string& volume) {
+  if (dir.empty() || dir.back() != '/') dir += '/';
+  return dir + volume + ".lease";
 }
 
 }  // namespace
@@ -225,6 +254,11 @@ Result<InitiatorPlan> initiator_plan(const ClusterConfig& cluster, const std::st
   plan.poll = found->poll;
   plan.after_split_brain = found->after_split_brain;
   plan.configured_primary = found->primary == node;
+  if (cluster.failover.engine == FailoverEngine::kEtcd) {
+    const NodeConfig* self = cluster.find_node(node);
+    plan.lease_file = lease_file_path(
+        self != nullptr ? self->daemon.lease_dir : cluster.daemon.lease_dir, found->name);
+  }
   return plan;
 }
 
@@ -258,6 +292,25 @@ std::vector<std::string> check_cluster_file(const std::string& path, std::string
         problems.push_back(problem_from_text(path, volume.path_at.at(self) + ": volumes[" +
                                                        std::to_string(i) + "].paths." + self +
                                                        ": " + *problem));
+      }
+    }
+  }
+  // The promoter's TLS files, where it runs: on a node holding a copy of
+  // some volume (or, no node in particular, here).
+  const EtcdSettings& etcd = config.failover.etcd;
+  bool promoter_here = self.empty() || std::any_of(config.volumes.begin(), config.volumes.end(),
+                                                   [&](const ClusterVolume& volume) {
+                                                     return takes_part(volume, self);
+                                                   });
+  if (config.failover.engine == FailoverEngine::kEtcd && promoter_here) {
+    for (const auto& [file, at, key] : {std::tuple{&etcd.tls_ca, &etcd.tls_ca_at, "ca"},
+                                        std::tuple{&etcd.tls_cert, &etcd.tls_cert_at, "cert"},
+                                        std::tuple{&etcd.tls_key, &etcd.tls_key_at, "key"}}) {
+      if (file->empty()) continue;
+      if (auto problem = unreadable_file(*file)) {
+        problems.push_back(
+            problem_from_text(path, *at + ": failover.etcd.tls." + key + ": " + *problem +
+                                        " (pmirror-promoter reads it to reach etcd)"));
       }
     }
   }

@@ -91,7 +91,7 @@ struct HostPort {
 };
 
 // The `daemon` section: settings of every node's pmirrord. A node entry may
-// override state_pool, control_socket, log_level and metrics (see
+// override state_pool, control_socket, log_level, metrics, lease_dir (see
 // NodeConfig::daemon); heartbeats and reconnects are cluster-wide because
 // peers must agree on them.
 struct DaemonSettings {
@@ -111,6 +111,50 @@ struct DaemonSettings {
   std::chrono::milliseconds handshake_timeout{5000};
   uint32_t max_unauthenticated = 64;
   uint32_t max_unauthenticated_per_source = 16;
+  // Where this node's pmirror-promoter publishes the lease deadline of each
+  // volume it holds the lease of (<lease_dir>/<volume>.lease), and where
+  // libpmirror on this node reads it (docs/failover.md, section 2).
+  std::string lease_dir = "/run/pmirror";
+};
+
+// Automatic failover (docs/failover.md): which cluster engine decides which
+// copy is primary. kNone: an operator promotes by hand.
+enum class FailoverEngine { kNone, kEtcd, kPacemaker };
+
+// `failover.etcd`: the promoter's etcd (v3 JSON gateway) and its timing.
+// The timing rule renew + 2 * timeout + margin <= ttl, ttl >= 3 s, is
+// checked when the file is loaded.
+struct EtcdSettings {
+  std::vector<std::string> endpoints;  // "http://127.0.0.1:2379", "https://..."
+  std::string prefix = "/pmirror";     // keys live under <prefix>/<cluster name>/
+  std::chrono::milliseconds ttl{10000};
+  std::chrono::milliseconds renew{2000};
+  std::chrono::milliseconds timeout{2000};  // one etcd request, all endpoints tried
+  std::chrono::milliseconds margin{1000};
+  std::string tls_ca;  // empty: the system's CAs (https) or no TLS (http)
+  std::string tls_cert;
+  std::string tls_key;
+  // "FILE:LINE:COL" of each tls file (empty when not given), for problems
+  // found after parsing (check_cluster_file reads them).
+  std::string tls_ca_at;
+  std::string tls_cert_at;
+  std::string tls_key_at;
+};
+
+struct FailoverSettings {
+  FailoverEngine engine = FailoverEngine::kNone;
+  EtcdSettings etcd;
+  Origin origin;  // the `failover` section
+};
+
+// A volume's `failover:` entry: how the promoter starts and stops the
+// application on the node that becomes (or stops being) its primary. At
+// most one of hook_unit and start_command; none: the promoter promotes and
+// holds the lease, something else starts the application.
+struct VolumeFailover {
+  std::string hook_unit;      // a systemd unit: systemctl start / stop
+  std::string start_command;  // or commands run with /bin/sh -c
+  std::string stop_command;
 };
 
 struct NodeConfig {
@@ -156,12 +200,14 @@ struct ClusterVolume {
   // node -> "FILE:LINE:COL" of its `metadata:` entry, or of its data path
   // (path_at) when the default is used.
   std::map<std::string, std::string> metadata_at;
+  VolumeFailover failover;
 };
 
 struct ClusterConfig {
   std::string source;  // the file name, for messages
   std::string name;    // `cluster.name`, may be empty
   DaemonSettings daemon;
+  FailoverSettings failover;
   std::vector<NodeConfig> nodes;
   std::vector<ClusterVolume> volumes;
 
@@ -181,7 +227,7 @@ struct VolumeConfig {
   std::string secret;  // resolved: from `secret` or the contents of `secret_file`
   ApmPolicy apm = ApmPolicy::kAuto;
   transport::PollMode poll = transport::PollMode::kAdaptive;  // the session threads'
-  std::string metadata_path;  // this node's copy metadata pool
+  std::string metadata_path;                                  // this node's copy metadata pool
   uint64_t chunk = 64 * 1024;
   std::string primary;             // the primary named in the file
   std::vector<std::string> peers;  // the volume's other nodes, primary first, then replicas
@@ -249,6 +295,11 @@ struct InitiatorPlan {
   // True when `node` is the primary the file names; any other node may
   // open the volume only after `pmirrorctl promote` there.
   bool configured_primary = true;
+  // Non-empty when a failover engine decides who is primary (etcd): the
+  // lease deadline file of this node's promoter for this volume
+  // (<lease_dir>/<volume>.lease). Persists fail with kLeaseLost once its
+  // deadline has passed, and opening fails without it.
+  std::string lease_file;
 };
 
 // ------------------------------------------------------------------- API

@@ -52,6 +52,7 @@ static_assert(c_code(Errc::kResourceExhausted) == PMIRROR_E_RESOURCE_EXHAUSTED);
 static_assert(c_code(Errc::kSplitBrain) == PMIRROR_E_SPLIT_BRAIN);
 static_assert(c_code(Errc::kFailedPrecondition) == PMIRROR_E_FAILED_PRECONDITION);
 static_assert(c_code(Errc::kFenced) == PMIRROR_E_FENCED);
+static_assert(c_code(Errc::kLeaseLost) == PMIRROR_E_LEASE_LOST);
 // A class appended to Errc gets its PMIRROR_E_* name and an assert here
 // (c_api_test checks that the code after the last is unknown).
 

@@ -83,6 +83,8 @@ json to_json(const VolumeStatus& s) {
   volume["in_sync"] = s.in_sync;
   volume["identity"] = s.identity;
   volume["opened_at"] = format_rfc3339(s.opened_at);
+  volume["lease"] = s.lease ? json{{"file", s.lease->file}, {"remaining_ms", s.lease->remaining_ms}}
+                            : json(nullptr);
   volume["peers"] = std::move(peers);
   return volume;
 }

@@ -93,6 +93,11 @@ VolumeStatus OpenVolume::status() {
   s.in_sync = peers.in_sync_count();
   s.identity = core.options.identity;
   s.opened_at = opened_at;
+  if (core.lease) {
+    const uint64_t now = failover::monotonic_now_ns();
+    const uint64_t deadline = core.lease->deadline_ns();
+    s.lease = LeaseStatus{core.lease->path(), now < deadline ? (deadline - now) / 1'000'000 : 0};
+  }
   return s;
 }
 

@@ -94,6 +94,9 @@ std::string Peers::describe(const Peer& peer) {
 // ------------------------------------------------------------ dirty maps
 
 void Peers::ensure_tracked(Peer& peer) {
+  // A primary that may no longer write keeps its copy's generation: it is a
+  // past of the new primary's, which resyncs it, not a split brain.
+  if (!core_.fenced.ok() || !core_.check_lease(failover::monotonic_now_ns()).ok()) return;
   auto recorded = core_.meta->peers();
   if (peer.meta_index < recorded.size() && recorded[peer.meta_index].bitmap_generation != 0) {
     return;
@@ -140,7 +143,7 @@ void Peers::start_lagging(Peer& peer, const Status& why) {
 }
 
 void Peers::note_fenced(const Status& why) {
-  if (why.code() != Errc::kFenced || !core_.fenced.ok()) return;
+  if (why.code() != Errc::kFenced || !core_.fenced.ok()) return;  // the first reason is kept
   core_.fenced = why;
   log::error("volume {}: this primary is fenced: {}; every persist fails from now on",
              core_.options.name, why.message());

@@ -144,6 +144,11 @@ Result<uint64_t> PersistPipeline::start_piece(std::unique_lock<std::mutex>& lock
   if (ledger_.last_started() - ledger_.acknowledged() >= max_in_flight) {
     PMIRROR_RETURN_IF_ERROR(wait(lock, ledger_.next_sequence() - max_in_flight));
   }
+  // The lease is looked at after the only wait above (so that a persist
+  // that waited for room is not posted on a deadline read before it) and
+  // before anything of the persist reaches the activity log or a replica:
+  // a persist refused here left no trace anywhere but the local mapping.
+  PMIRROR_RETURN_IF_ERROR(check_lease());
   uint64_t sequence = ledger_.next_sequence();
   Status logged = log_activity(sequence, offset, length);
   if (!logged.ok() && logged.code() == Errc::kResourceExhausted) {

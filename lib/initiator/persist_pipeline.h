@@ -47,6 +47,15 @@ class PersistPipeline {
   Result<uint64_t> start_piece(std::unique_lock<std::mutex>& lock, uint64_t offset,
                                uint64_t length);
   Status log_activity(uint64_t sequence, uint64_t offset, uint64_t length);
+  // kLeaseLost unless the promoter's lease holds now (VolumeCore::lease):
+  // one clock read and one atomic load when the volume needs a lease,
+  // nothing otherwise.
+  Status check_lease() {
+    if (!core_.lease) return Status::Ok();
+    const uint64_t now = failover::monotonic_now_ns();
+    if (core_.lease->holds_at(now)) return Status::Ok();
+    return core_.check_lease(now);
+  }
   // Waits up to `timeout` for completions on `replica` without the volume
   // mutex (`lock` is let go and taken again); they are handled by the next
   // poll. Wakes the other waiters afterwards.

@@ -21,6 +21,7 @@
 
 #include "common/log.h"
 #include "config/config.h"
+#include "failover/lease_file.h"
 #include "initiator/control_edge.h"
 #include "initiator/initiator.h"
 #include "initiator/open_volume.h"
@@ -41,7 +42,47 @@ class Volume::Impl : public OpenVolume {
  public:
   using OpenVolume::OpenVolume;
   StatusRegistration registration;
+
+  // Volume::open, with what the public options do not carry.
+  static Result<std::unique_ptr<Volume>> open(const VolumeOptions& options,
+                                              const OpenContext& context);
 };
+
+namespace initiator {
+
+Result<std::unique_ptr<Volume>> open_volume_with(const VolumeOptions& options,
+                                                 const OpenContext& context) {
+  return Volume::Impl::open(options, context);
+}
+
+namespace {
+
+// The lease of `options.name` that this node's promoter publishes in
+// `context.lease_file`, if it holds now; kLeaseLost otherwise.
+Result<std::unique_ptr<failover::LeaseFileReader>> open_lease(const VolumeOptions& options,
+                                                              const OpenContext& context) {
+  const std::string node = context.node.empty() ? std::string("this node") : context.node;
+  auto none = [&](const std::string& why) {
+    return Status(Errc::kLeaseLost,
+                  "volume " + options.name + ": no lease on node " + node +
+                      ": pmirror-promoter holds none (" + why +
+                      "); failover.engine is etcd, so only the node holding the volume's lease "
+                      "may write (docs/failover.md)");
+  };
+  auto reader = failover::LeaseFileReader::open(context.lease_file, options.name, context.node);
+  if (!reader.ok()) return none(reader.status().message());
+  const uint64_t now = failover::monotonic_now_ns();
+  const uint64_t deadline = reader->deadline_ns();
+  if (deadline == 0) return none("lease file " + context.lease_file + ": no lease published");
+  if (now >= deadline) {
+    return none("lease file " + context.lease_file + ": its deadline passed " +
+                std::to_string((now - deadline) / 1'000'000) + " ms ago");
+  }
+  return std::make_unique<failover::LeaseFileReader>(std::move(reader).value());
+}
+
+}  // namespace
+}  // namespace initiator
 
 Volume::Volume(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
@@ -51,6 +92,11 @@ Volume::~Volume() {
 }
 
 Result<std::unique_ptr<Volume>> Volume::open(const VolumeOptions& options) {
+  return Impl::open(options, {});
+}
+
+Result<std::unique_ptr<Volume>> Volume::Impl::open(const VolumeOptions& options,
+                                                   const OpenContext& context) {
   if (options.name.empty()) return Status(Errc::kInvalidArgument, "volume name is empty");
   if (options.identity.empty()) {
     return Status(Errc::kInvalidArgument, "identity is empty: targets admit peers by identity");
@@ -85,6 +131,13 @@ Result<std::unique_ptr<Volume>> Volume::open(const VolumeOptions& options) {
     if (auto kind = replica_transport(spec.transport); !kind.ok()) {
       return kind.status().with_context("replica " + spec.address);
     }
+  }
+
+  // Before anything is opened or connected: a node without the lease
+  // leaves no trace (not even an unclean metadata flag).
+  std::unique_ptr<failover::LeaseFileReader> lease;
+  if (!context.lease_file.empty()) {
+    PMIRROR_ASSIGN_OR_RETURN(lease, open_lease(options, context));
   }
 
   region::OpenOptions region_options{options.local_path, options.size, options.create};
@@ -156,6 +209,7 @@ Result<std::unique_ptr<Volume>> Volume::open(const VolumeOptions& options) {
   }
   auto impl = std::make_unique<Impl>(options, std::move(local).value(), std::move(meta).value());
   VolumeCore& core = impl->core;
+  core.lease = std::move(lease);  // before the first persist, and any other thread
 
   auto sink = [](const supervisor::StateChange& change) {
     log::info("volume {}: replica {}: {} -> {}{}{}", change.volume, change.peer,
@@ -276,7 +330,7 @@ Result<std::unique_ptr<Volume>> Volume::open_from_config(const std::string& conf
                                 std::string(transport::kind_name(replica.transport)), plan.secret,
                                 replica.node});
   }
-  return open(options);
+  return Impl::open(options, OpenContext{plan.lease_file, plan.node});
 }
 
 std::byte* Volume::data() const { return impl_->core.local->data(); }

@@ -1,6 +1,9 @@
 #include "initiator/volume_core.h"
 
 #include <algorithm>
+#include <string>
+
+#include "common/log.h"
 
 namespace pmirror::initiator {
 
@@ -31,6 +34,32 @@ VolumeCore::VolumeCore(const VolumeOptions& volume_options,
       meta(std::move(copy_metadata)),
       chunk_size(meta->info().chunk_size),
       chunks(meta->info().chunks) {}
+
+Status VolumeCore::check_lease(uint64_t now) {
+  if (!lease || !fenced.ok()) return fenced;
+  // Read again: the promoter may have published since the caller looked.
+  const uint64_t deadline = lease->deadline_ns();
+  if (deadline != 0 && now < deadline) return Status::Ok();
+  // Lapsed, for good: a renewal that came late could be let through only if
+  // nothing else happened meanwhile (a replica dropped here would have taken
+  // a new generation); the promoter stops the application at the same
+  // deadline anyway, and starts it again if it takes the volume again.
+  const std::string& node = lease->node();
+  std::string why;
+  if (deadline == 0) {
+    why = "volume " + options.name + ": no lease: pmirror-promoter on node " + node +
+          " gave it up (it handed the volume over, lost the key, or stopped)";
+  } else {
+    why = "volume " + options.name + ": lease lost " +
+          std::to_string((now - deadline) / 1'000'000) + " ms ago: pmirror-promoter on node " +
+          node + " did not renew it (etcd unreachable or the promoter stopped)";
+  }
+  why += "; the primary stops writing before another node may take over (docs/failover.md)";
+  log::error("{}; every persist fails from now on: close the volume", why);
+  fenced = Status(Errc::kLeaseLost, std::move(why));
+  sync_changed.notify_all();  // a persist blocked for replicas gives up
+  return fenced;
+}
 
 protocol::Lineage VolumeCore::lineage(size_t meta_index) const {
   protocol::Lineage lineage;

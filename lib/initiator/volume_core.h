@@ -26,6 +26,7 @@
 #include <memory>
 #include <mutex>
 
+#include "failover/lease_file.h"
 #include "initiator/initiator.h"
 #include "initiator/session_reaper.h"
 #include "metadata/metadata.h"
@@ -83,11 +84,25 @@ struct VolumeCore {
   // Application threads waiting for `mutex`: the supervisor and verify let
   // them in between their steps rather than taking the mutex straight back.
   std::atomic<int> app_waiting{0};
-  // Set (with `mutex`) when a target said that another copy was promoted
-  // and fenced this primary out (kFenced, docs/failover.md): from then on
-  // every persist fails with it. Never cleared: the application must close
-  // the volume; its copy comes back as a replica of the new primary.
+  // Why this primary may no longer write, set (with `mutex`) when a target
+  // said that another copy was promoted and fenced it out (kFenced), or
+  // when the promoter's lease lapsed (kLeaseLost, check_lease below;
+  // docs/failover.md): from then on every persist fails with it, and the
+  // copy's generation no longer moves (a replica left behind now is not
+  // given a new generation: the copy must stay a past of the new
+  // primary's, not become a split brain against it). Never cleared: the
+  // application must close the volume; its copy comes back as a replica of
+  // the new primary.
   Status fenced;
+  // The lease deadline file of this node's pmirror-promoter when the
+  // volume needs a lease (InitiatorPlan::lease_file, docs/failover.md
+  // section 2); null otherwise. Set at open before any persist, then
+  // fixed; what it points at changes under the promoter's hand (atomic).
+  std::unique_ptr<failover::LeaseFileReader> lease;
+  // Ok while the lease holds at `now` (CLOCK_MONOTONIC ns) or the volume
+  // needs none; once it does not, `fenced` becomes kLeaseLost for good
+  // (logged once) and is returned. With `mutex` held.
+  Status check_lease(uint64_t now);
   SupervisorWakeup supervisor_wakeup;
   // Last: destroyed first, ending dropped sessions while the local copy
   // they registered is still mapped.

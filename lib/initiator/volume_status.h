@@ -54,6 +54,12 @@ struct PeerStatus {
   supervisor::LatencyWindow::Percentiles latency_us;
 };
 
+// The failover lease this primary writes under (docs/failover.md, section 2).
+struct LeaseStatus {
+  std::string file;
+  uint64_t remaining_ms = 0;  // until the deadline; 0: lapsed or given up
+};
+
 struct VolumeStatus {
   std::string name;
   uint64_t size = 0;
@@ -69,6 +75,7 @@ struct VolumeStatus {
   uint32_t in_sync = 0;
   std::string identity;
   supervisor::SystemTime opened_at{};
+  std::optional<LeaseStatus> lease;  // none: the volume needs no lease
   std::vector<PeerStatus> peers;
 };
 

@@ -172,6 +172,8 @@ bool is_known_error_code(uint16_t raw) {
     case Errc::kFailedPrecondition:
     case Errc::kFenced:
       return true;
+    case Errc::kLeaseLost:  // the primary's own verdict on its lease: never a target's
+      return false;
   }
   return false;
 }

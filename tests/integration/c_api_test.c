@@ -336,7 +336,8 @@ int c_api_names_every_error(char* error, size_t error_size) {
                               PMIRROR_E_RESOURCE_EXHAUSTED,
                               PMIRROR_E_SPLIT_BRAIN,
                               PMIRROR_E_FAILED_PRECONDITION,
-                              PMIRROR_E_FENCED};
+                              PMIRROR_E_FENCED,
+                              PMIRROR_E_LEASE_LOST};
   size_t n = sizeof codes / sizeof codes[0];
   for (size_t i = 0; i < n; ++i) {
     /* Every code from 1 up is named, as returned (negative) and as defined. */
@@ -353,6 +354,7 @@ int c_api_names_every_error(char* error, size_t error_size) {
   EXPECT_TRUE(strcmp(pmirror_strerror(-PMIRROR_E_SPLIT_BRAIN), "split brain") == 0);
   EXPECT_TRUE(strcmp(pmirror_strerror(-PMIRROR_E_FAILED_PRECONDITION), "failed precondition") == 0);
   EXPECT_TRUE(strcmp(pmirror_strerror(-PMIRROR_E_FENCED), "fenced") == 0);
+  EXPECT_TRUE(strcmp(pmirror_strerror(-PMIRROR_E_LEASE_LOST), "lease lost") == 0);
   EXPECT_TRUE(strcmp(pmirror_strerror(0), "ok") == 0);
   EXPECT_TRUE(strcmp(pmirror_strerror(INT_MIN), "unknown error") == 0);
   EXPECT_TRUE(strcmp(pmirror_strerror(INT_MAX), "unknown error") == 0);

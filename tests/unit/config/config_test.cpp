@@ -514,8 +514,8 @@ std::vector<BadConfig> bad_configs() {
       {"top-level list", "- a\n- b\n", 1, "top level must be a map"},
       {"two documents", good + "---\n" + good, 14, "single document"},
       {"unknown top key", "node:\n  - a\n" + good, 1,
-       "unknown key 'node' (did you mean 'nodes'?); allowed keys: cluster, daemon, nodes, "
-       "volumes"},
+       "unknown key 'node' (did you mean 'nodes'?); allowed keys: cluster, daemon, "
+       "failover, nodes, volumes"},
       {"no nodes section", "volumes: []\n", 1, "no 'nodes' section"},
       {"no volumes section", kNodes, 1, "no 'volumes' section"},
       {"volumes empty", kNodes + "volumes: []\n", 5, "volumes: no volumes are listed"},

@@ -73,13 +73,21 @@ VolumeStatus sample_status() {
   return s;
 }
 
+TEST(ControlEdge, StatusNamesTheLeaseFileAndWhatIsLeftOfIt) {
+  VolumeStatus s = sample_status();
+  s.lease = LeaseStatus{"/run/pmirror/db1.lease", 7250};
+  json v = json::parse(status_json(s));
+  EXPECT_EQ(v["lease"], (json{{"file", "/run/pmirror/db1.lease"}, {"remaining_ms", 7250}}));
+}
+
 TEST(ControlEdge, StatusIsTheObjectOfTheControlDocs) {
   json v = json::parse(status_json(sample_status()));
   EXPECT_EQ(keys(v), (std::set<std::string>{"name", "role", "size", "path", "backing", "metadata",
                                             "generation", "chunk_size", "promoted", "last_sequence",
                                             "acknowledged_sequence", "ack_required", "in_sync",
-                                            "identity", "opened_at", "peers"}));
+                                            "identity", "opened_at", "lease", "peers"}));
   EXPECT_EQ(v["role"], "primary");
+  EXPECT_TRUE(v["lease"].is_null());  // no failover lease needed
   EXPECT_EQ(v["generation"], "0000000000000abc");
   EXPECT_EQ(v["opened_at"], format_rfc3339(sample_status().opened_at));
   EXPECT_EQ(v["last_sequence"], 42);

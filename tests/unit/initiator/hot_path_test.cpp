@@ -6,12 +6,14 @@
 // touching the application's heap). The targets run on threads of their
 // own and are not counted either: they are another process in production.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 
+#include "failover/lease_file.h"
 #include "initiator/persist_pipeline.h"
 #include "transport/fake/fake_fabric.h"
 #include "unit/initiator/fake_targets.h"
@@ -100,6 +102,24 @@ TEST_P(HotPathTest, ThousandPersistsToTwoReplicasAllocateNothing) {
       EXPECT_EQ(0, std::memcmp(bytes.data(), local.data(), local.size())) << "replica " << i;
     }
   }
+}
+
+// Under a failover lease (docs/failover.md, section 2) a persist adds one
+// clock read and one atomic load: still nothing on the heap.
+TEST_P(HotPathTest, PersistsUnderALeaseAllocateNothing) {
+  open_volume(1, {}, GetParam());
+  ASSERT_TRUE(all_in_sync());
+  const std::string path = "/dev/shm/pmirror-hot-path-" + std::to_string(::getpid()) + ".lease";
+  auto writer = failover::LeaseFileWriter::create(path, "v", "a");
+  ASSERT_TRUE(writer.ok()) << writer.status().to_string();
+  writer->publish(failover::monotonic_now_ns() + 600'000'000'000ull, 1);
+  auto reader = failover::LeaseFileReader::open(path, "v", "a");
+  ASSERT_TRUE(reader.ok()) << reader.status().to_string();
+  volume_->core.lease = std::make_unique<failover::LeaseFileReader>(std::move(reader).value());
+  ::unlink(path.c_str());  // the mappings stay
+  ASSERT_NE(persist_many(200, 64, false), UINT64_MAX);
+  EXPECT_EQ(persist_many(1000, 64, true), 0u)
+      << "heap allocations by the application's thread across 1000 persists under a lease";
 }
 
 INSTANTIATE_TEST_SUITE_P(Flush, HotPathTest,

@@ -5,12 +5,16 @@
 #include "initiator/persist_pipeline.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
 
+#include "failover/lease_file.h"
 #include "unit/initiator/fake_targets.h"
 
 namespace pmirror::initiator {
@@ -214,6 +218,141 @@ TEST_F(PersistPipelineTest, RangesOutsideTheVolumeAreRefused) {
   EXPECT_EQ(outside.message(), "range [" + std::to_string(kSize - 1) +
                                    ", +2) is outside volume 'v' of " + std::to_string(kSize) +
                                    " bytes");
+}
+
+// The failover lease (docs/failover.md, section 2): the whole Volume, as
+// Volume::open_from_config opens it when failover.engine is etcd, over a
+// lease file that the test writes as pmirror-promoter would.
+class LeaseTest : public FakeTargetsTest {
+ protected:
+  static constexpr uint64_t kSecond = 1'000'000'000;
+
+  void SetUp() override {
+    FakeTargetsTest::SetUp();
+    dir_ = std::filesystem::temp_directory_path() /
+           ("pmirror-lease-pipeline-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    lease_path_ = (dir_ / "v.lease").string();
+  }
+  void TearDown() override {
+    FakeTargetsTest::TearDown();
+    std::filesystem::remove_all(dir_);
+  }
+  failover::LeaseFileWriter promoter(const std::string& volume = "v",
+                                     const std::string& node = "a") {
+    auto writer = failover::LeaseFileWriter::create(lease_path_, volume, node);
+    EXPECT_TRUE(writer.ok()) << writer.status().to_string();
+    return std::move(writer).value();
+  }
+  Result<std::unique_ptr<Volume>> open_leased() {
+    return open_volume_with(options(), OpenContext{lease_path_, "a"});
+  }
+  static std::vector<std::byte> page(std::byte value) {
+    return std::vector<std::byte>(4096, value);
+  }
+
+  std::filesystem::path dir_;
+  std::string lease_path_;
+};
+
+TEST_F(LeaseTest, PersistsStopOnceTheDeadlinePassesForGood) {
+  start_targets(1);
+  auto writer = promoter();
+  writer.publish(failover::monotonic_now_ns() + 60 * kSecond, 101);
+  auto opened = open_leased();
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  Volume& volume = **opened;
+
+  ASSERT_TRUE(volume.write(8192, page(std::byte{0x11}).data(), 4096).ok());
+  EXPECT_EQ(target_bytes(0)[8192], std::byte{0x11});
+  EXPECT_EQ(target_bytes(0)[8192 + 4095], std::byte{0x11});
+  auto status = nlohmann::json::parse(volume.status_json());
+  EXPECT_EQ(status["lease"]["file"], lease_path_);
+  EXPECT_GT(status["lease"]["remaining_ms"].get<uint64_t>(), 50'000u);
+
+  // The promoter could not renew: its deadline is behind us.
+  writer.publish(failover::monotonic_now_ns() - 1, 101);
+  Status lost = volume.write(8192, page(std::byte{0x22}).data(), 4096);
+  EXPECT_EQ(lost.code(), Errc::kLeaseLost) << lost.to_string();
+  EXPECT_EQ(lost.message().rfind("volume v: lease lost ", 0), 0u) << lost.message();
+  EXPECT_NE(lost.message().find(" ms ago: pmirror-promoter on node a did not renew it (etcd "
+                                "unreachable or the promoter stopped); the primary stops writing "
+                                "before another node may take over (docs/failover.md)"),
+            std::string::npos)
+      << lost.message();
+  EXPECT_EQ(volume.persist_async(8192, 4096).status().code(), Errc::kLeaseLost);
+  EXPECT_EQ(volume.persist(0, 1).code(), Errc::kLeaseLost);
+  EXPECT_EQ(target_bytes(0)[8192], std::byte{0x11}) << "nothing of the refused persist was sent";
+  EXPECT_EQ(target_bytes(0)[8192 + 4095], std::byte{0x11});
+  status = nlohmann::json::parse(volume.status_json());
+  EXPECT_EQ(status["lease"]["remaining_ms"], 0);
+
+  // Renewed late: this primary stays stopped (a replica dropped during the
+  // lapse took no new generation); the application reopens the volume.
+  writer.publish(failover::monotonic_now_ns() + 60 * kSecond, 101);
+  Status still = volume.write(8192, page(std::byte{0x33}).data(), 4096);
+  EXPECT_EQ(still.code(), Errc::kLeaseLost) << still.to_string();
+  EXPECT_EQ(target_bytes(0)[8192], std::byte{0x11});
+  opened->reset();
+  auto reopened = open_leased();
+  ASSERT_TRUE(reopened.ok()) << reopened.status().to_string();
+  ASSERT_TRUE((*reopened)->write(8192, page(std::byte{0x33}).data(), 4096).ok());
+  EXPECT_EQ(target_bytes(0)[8192], std::byte{0x33});
+  EXPECT_EQ(target_bytes(0)[8192 + 4095], std::byte{0x33});
+
+  // Given up (a hand-over): the next persist fails at once.
+  writer.withdraw();
+  Status withdrawn = (*reopened)->write(0, page(std::byte{0x44}).data(), 4096);
+  EXPECT_EQ(withdrawn.code(), Errc::kLeaseLost);
+  EXPECT_EQ(withdrawn.message(),
+            "volume v: no lease: pmirror-promoter on node a gave it up (it handed the volume "
+            "over, lost the key, or stopped); the primary stops writing before another node may "
+            "take over (docs/failover.md)");
+  EXPECT_NE(target_bytes(0)[0], std::byte{0x44});
+}
+
+TEST_F(LeaseTest, OpeningWithoutALeaseFailsBeforeTouchingAnything) {
+  start_targets(1);
+  auto missing = open_leased();
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), Errc::kLeaseLost);
+  EXPECT_EQ(missing.status().message(),
+            "volume v: no lease on node a: pmirror-promoter holds none (lease file " + lease_path_ +
+                " does not exist); failover.engine is etcd, so only the node holding the "
+                "volume's lease may write (docs/failover.md)");
+  EXPECT_FALSE(std::filesystem::exists(options().local_path)) << "nothing was created";
+
+  auto writer = promoter();
+  auto unpublished = open_leased();
+  ASSERT_FALSE(unpublished.ok());
+  EXPECT_EQ(unpublished.status().code(), Errc::kLeaseLost);
+  EXPECT_NE(
+      unpublished.status().message().find("(lease file " + lease_path_ + ": no lease published)"),
+      std::string::npos)
+      << unpublished.status().message();
+
+  writer.publish(failover::monotonic_now_ns() - 5 * kSecond, 7);
+  auto expired = open_leased();
+  ASSERT_FALSE(expired.ok());
+  EXPECT_EQ(expired.status().code(), Errc::kLeaseLost);
+  EXPECT_NE(expired.status().message().find(": its deadline passed 5"), std::string::npos)
+      << expired.status().message();
+
+  auto other_node = promoter("v", "b");
+  other_node.publish(failover::monotonic_now_ns() + 60 * kSecond, 8);
+  auto elsewhere = open_leased();
+  ASSERT_FALSE(elsewhere.ok());
+  EXPECT_EQ(elsewhere.status().code(), Errc::kLeaseLost);
+  EXPECT_NE(elsewhere.status().message().find("belongs to volume v on node b, not volume v on "
+                                              "node a"),
+            std::string::npos)
+      << elsewhere.status().message();
+
+  // And without a lease file in the plan, no lease is looked for.
+  auto plain = open_volume_with(options(), {});
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  EXPECT_TRUE(nlohmann::json::parse((*plain)->status_json())["lease"].is_null());
 }
 
 }  // namespace
