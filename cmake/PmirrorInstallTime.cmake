@@ -31,6 +31,12 @@ string(REPLACE "ExecReload=/usr/sbin/pmirrorctl " "ExecReload=${pmirror_sbindir}
                pmirror_unit "${pmirror_unit}")
 file(WRITE "${pmirror_out}/pmirrord.service" "${pmirror_unit}")
 file(INSTALL DESTINATION "${pmirror_unitdir}" TYPE FILE FILES "${pmirror_out}/pmirrord.service")
+file(READ "${PMIRROR_SOURCE_DIR}/systemd/pmirror-promoter.service" pmirror_unit)
+string(REPLACE "ExecStart=/usr/sbin/pmirror-promoter " "ExecStart=${pmirror_sbindir}/pmirror-promoter "
+               pmirror_unit "${pmirror_unit}")
+file(WRITE "${pmirror_out}/pmirror-promoter.service" "${pmirror_unit}")
+file(INSTALL DESTINATION "${pmirror_unitdir}" TYPE FILE FILES
+     "${pmirror_out}/pmirror-promoter.service")
 
 # libpmirror.pc, next to the library as pkg-config looks for it.
 # PATH as ${prefix}/... when it lies under the prefix (as pkg-config

@@ -235,6 +235,10 @@ std::string TestCluster::metadata_path(const std::string& node, const std::strin
   return copy_path(node, volume) + ".pmirror";
 }
 
+std::string TestCluster::lease_dir(const std::string& node) const {
+  return dir_ + "/" + node + "-lease";
+}
+
 std::string TestCluster::socket(const std::string& node) const {
   return dir_ + "/" + node + ".sock";
 }
@@ -254,8 +258,9 @@ void TestCluster::write_config() {
       << "  heartbeat_interval: " << heartbeat_interval << "\n"
       << "  heartbeat_timeout: " << heartbeat_timeout << "\n"
       << "  reconnect_initial: " << reconnect_initial << "\n"
-      << "  reconnect_max: " << reconnect_max << "\n"
-      << "nodes:\n";
+      << "  reconnect_max: " << reconnect_max << "\n";
+  if (!failover_yaml.empty()) out << failover_yaml << (failover_yaml.back() == '\n' ? "" : "\n");
+  out << "nodes:\n";
   for (const auto& n : nodes_) {
     out << "  - name: " << n.name << "\n"
         << "    address: " << (n.address.empty() ? address_ : n.address) << "\n"
@@ -264,6 +269,10 @@ void TestCluster::write_config() {
         << "    control_socket: " << socket(n.name) << "\n"
         << "    state_pool: " << state_pool(n.name) << "\n";
     if (!n.listen.empty()) out << "    listen: " << n.listen << "\n";
+    if (!failover_yaml.empty()) {
+      std::filesystem::create_directories(lease_dir(n.name));
+      out << "    lease_dir: " << lease_dir(n.name) << "\n";
+    }
     if (n.metrics != 0) out << "    metrics: 127.0.0.1:" << n.metrics << "\n";
   }
   out << "volumes:\n";
@@ -297,6 +306,7 @@ void TestCluster::write_config() {
       out << (i ? ", " : "") << v.allowed_peers[i];
     out << "]\n"
         << "    secret: \"" << v.secret << "\"\n";
+    if (!v.failover.empty()) out << "    failover: " << v.failover << "\n";
   }
 }
 

@@ -54,6 +54,7 @@ struct ClusterVolumeSpec {
   bool explicit_metadata = false;  // write `metadata: {node: DIR/NODE-VOL.meta}`
   std::vector<std::string> allowed_peers = {"app"};
   std::string secret = "recovery test secret, long enough";
+  std::string failover;  // the volume's `failover:` value (a flow map); empty: not written
 };
 
 // A pmirrord for one node of the cluster file. Restartable; its log
@@ -93,6 +94,9 @@ class TestCluster {
   std::string reconnect_initial = "100ms";
   std::string reconnect_max = "400ms";
   std::string log_level = "debug";
+  // A top-level `failover:` section, written as it is (docs/failover.md);
+  // with it every node gets its own lease_dir (lease_dir(node)).
+  std::string failover_yaml;
 
   // Assigns free ports, writes the file (again, if called again).
   void write_config();
@@ -106,6 +110,7 @@ class TestCluster {
   std::string metadata_path(const std::string& node, const std::string& volume = "v") const;
   std::string socket(const std::string& node) const;
   std::string state_pool(const std::string& node) const;
+  std::string lease_dir(const std::string& node) const;
   const ClusterNodeSpec& node(const std::string& name) const;
 
   ClusterDaemon& daemon(const std::string& node);

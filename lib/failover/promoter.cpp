@@ -1,0 +1,644 @@
+// The etcd promoter (failover.h; docs/failover.md, section 2).
+//
+// One thread, one loop: renew the node's lease, then for every volume of
+// this node look at its leader key and act. Every decision is taken from
+// what etcd and the local pmirrord say at that moment; nothing is cached
+// across rounds but what this node holds, so a promoter that restarts
+// picks up where the cluster is.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "common/log.h"
+#include "common/rfc3339.h"
+#include "control/control.h"
+#include "failover/etcd_client.h"
+#include "failover/failover.h"
+#include "failover/lease_file.h"
+
+namespace pmirror::failover {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// How long a hook command may run before the promoter stops waiting (it is
+// `systemctl start` of a unit, or a command that starts the application in
+// the background).
+constexpr milliseconds kHookTimeout{30000};
+// pmirrord answers status and promote (promote fences the other nodes, 15 s
+// at most each, in parallel).
+constexpr milliseconds kStatusTimeout{5000};
+constexpr milliseconds kPromoteTimeout{40000};
+
+int64_t unix_ms() {
+  return std::chrono::duration_cast<milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+uint64_t monotonic_ns(Clock::time_point t) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
+}
+
+std::string str(const json& object, const char* key) {
+  if (!object.is_object()) return {};
+  auto it = object.find(key);
+  return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+bool is_zero_generation(const std::string& generation) {
+  return generation.empty() || generation.find_first_not_of('0') == std::string::npos;
+}
+
+// One copy's generations as its promoter publishes them.
+struct CopyRecord {
+  std::string generation;            // hex, as the status shows it
+  std::vector<std::string> history;  // previous generations, newest first
+  uint64_t sequence = 0;             // the last persist it recorded (a replica's last_sequence)
+  bool consistent = false;
+  bool primary = false;  // the application has it open as primary here
+
+  json to_json() const {
+    return {{"generation", generation},
+            {"history", history},
+            {"sequence", sequence},
+            {"consistent", consistent},
+            {"primary", primary}};
+  }
+  static CopyRecord from_json(const json& j) {
+    CopyRecord r;
+    r.generation = str(j, "generation");
+    if (j.is_object() && j.contains("history") && j["history"].is_array()) {
+      for (const auto& g : j["history"]) {
+        if (g.is_string()) r.history.push_back(g.get<std::string>());
+      }
+    }
+    r.consistent = j.is_object() && j.value("consistent", false);
+    if (j.is_object() && j.contains("sequence") && j["sequence"].is_number_unsigned()) {
+      r.sequence = j["sequence"].get<uint64_t>();
+    }
+    r.primary = j.is_object() && j.value("primary", false);
+    return r;
+  }
+  // True if `generation` is this copy's or one it moved on from.
+  bool knows(const std::string& g) const {
+    return g == generation || std::find(history.begin(), history.end(), g) != history.end();
+  }
+};
+
+// Runs `command` with /bin/sh -c, the volume's facts in its environment;
+// waits for it (kHookTimeout at most). Ok if it exited 0.
+Status run_command(const std::string& command, const std::map<std::string, std::string>& env) {
+  pid_t pid = ::fork();
+  if (pid < 0) return Status(Errc::kIoError, "fork for the hook failed");
+  if (pid == 0) {
+    for (const auto& [name, value] : env) ::setenv(name.c_str(), value.c_str(), 1);
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  auto deadline = Clock::now() + kHookTimeout;
+  int wstatus = 0;
+  while (true) {
+    pid_t done = ::waitpid(pid, &wstatus, WNOHANG);
+    if (done == pid) break;
+    if (done < 0) return Status(Errc::kIoError, "waiting for the hook failed");
+    if (Clock::now() > deadline) {
+      return Status(Errc::kTimeout, "the hook `" + command + "` still runs after " +
+                                        std::to_string(kHookTimeout.count() / 1000) +
+                                        " s; left running");
+    }
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) return Status::Ok();
+  return Status(
+      Errc::kFailedPrecondition,
+      "the hook `" + command + "` " +
+          (WIFEXITED(wstatus) ? "exited with " + std::to_string(WEXITSTATUS(wstatus))
+                              : "was killed by signal " + std::to_string(WTERMSIG(wstatus))));
+}
+
+}  // namespace
+
+VolumeKeys volume_keys(const config::EtcdSettings& etcd, const std::string& cluster,
+                       const std::string& volume) {
+  std::string base = etcd.prefix + "/" + cluster + "/volumes/" + volume + "/";
+  return {.leader = base + "leader",
+          .last_generation = base + "last_generation",
+          .copies = base + "copies/"};
+}
+
+struct Promoter::Impl {
+  PromoterOptions options;
+  config::EtcdSettings etcd_settings;
+  std::unique_ptr<EtcdClient> etcd;
+  std::string socket;       // pmirrord's
+  std::string runtime_dir;  // where the application's sockets are
+
+  // The node's lease.
+  int64_t lease_id = 0;
+  Clock::time_point last_renew_sent{};
+  Clock::time_point deadline{};  // the primary stops writing at it
+  std::string lease_error;       // why the last renewal failed, for status
+
+  struct Volume {
+    const config::ClusterVolume* config = nullptr;
+    VolumeKeys keys;
+    size_t rank = 0;   // the node's place among the volume's nodes: primary first
+    std::string path;  // this node's copy
+    std::unique_ptr<LeaseFileWriter> lease_file;
+    bool held = false;
+    Clock::time_point held_since{};
+    std::optional<Clock::time_point> absent_since;
+    std::string holder;             // the node seen holding the key
+    std::string refused;            // why this node did not take over
+    std::string published_copy;     // the copy record last put in etcd
+    std::string published_last;     // the last generation last put in etcd
+    int64_t copy_record_lease = 0;  // the lease the copy record is attached to
+    bool demote_pending = false;    // promoted here, another node holds it now
+  };
+  std::vector<Volume> volumes;
+  mutable std::mutex status_mutex;
+  json last_status;
+
+  // ---- pmirrord and the application --------------------------------------
+
+  // This node's copy of `volume` as pmirrord and (if open here) the
+  // application see it.
+  Result<CopyRecord> local_copy(const Volume& v) {
+    PMIRROR_ASSIGN_OR_RETURN(json status,
+                             control::request(socket, {{"command", "status"}}, kStatusTimeout));
+    const json* entry = nullptr;
+    if (status.contains("volumes") && status["volumes"].is_array()) {
+      for (const auto& candidate : status["volumes"]) {
+        if (str(candidate, "name") == v.config->name) entry = &candidate;
+      }
+    }
+    if (entry == nullptr) {
+      return Status(Errc::kNotFound, "pmirrord on node " + options.node +
+                                         " does not serve volume '" + v.config->name + "'");
+    }
+    const json copy = entry->contains("copy") ? (*entry)["copy"] : json();
+    if (copy.is_object() && copy.value("in_use_by_local_primary", false)) {
+      // The application has it open here: its own status says the generation.
+      CopyRecord record;
+      record.consistent = true;
+      record.primary = true;
+      record.generation = application_generation(v);
+      return record;
+    }
+    if (!copy.is_object() || copy.contains("error")) {
+      return Status(Errc::kFailedPrecondition, "pmirrord cannot read the copy's metadata: " +
+                                                   (copy.is_object() ? str(copy, "error") : ""));
+    }
+    CopyRecord record = CopyRecord::from_json(copy);
+    if (entry->contains("last_sequence") && (*entry)["last_sequence"].is_number_unsigned()) {
+      record.sequence = (*entry)["last_sequence"].get<uint64_t>();
+    }
+    return record;
+  }
+
+  // The generation the application on this node writes `v` at; empty when
+  // no application here has it open as primary.
+  std::string application_generation(const Volume& v) {
+    auto sockets = control::list_initiator_sockets(runtime_dir);
+    if (!sockets.ok()) return {};
+    for (const auto& s : *sockets) {
+      auto status = control::request(s.path, {{"command", "status"}}, milliseconds(1000));
+      if (!status.ok() || !status->contains("volumes")) continue;
+      for (const auto& entry : (*status)["volumes"]) {
+        // Several nodes' applications may share a runtime directory (tests
+        // on one machine): this node's is the one writing this node's copy.
+        if (str(entry, "name") == v.config->name && str(entry, "role") == "primary" &&
+            str(entry, "path") == v.path) {
+          return str(entry, "generation");
+        }
+      }
+    }
+    return {};
+  }
+
+  Status promote(const Volume& v, bool force) {
+    auto result = control::request(
+        socket, {{"command", "promote"}, {"volume", v.config->name}, {"force", force}},
+        kPromoteTimeout);
+    if (!result.ok()) return result.status();
+    std::string fences;
+    if (result->contains("fences") && (*result)["fences"].is_array()) {
+      for (const auto& f : (*result)["fences"]) {
+        fences += " " + str(f, "node") + (f.value("fenced", false) ? ":fenced" : ":NOT-fenced");
+      }
+    }
+    log::warn("volume {}: promoted on node {} (generation {}); fences:{}", v.config->name,
+              options.node, str(*result, "generation"), fences.empty() ? " none" : fences);
+    return Status::Ok();
+  }
+
+  void demote(Volume& v) {
+    auto result = control::request(socket, {{"command", "demote"}, {"volume", v.config->name}},
+                                   kStatusTimeout);
+    if (result.ok()) {
+      v.demote_pending = false;
+      log::info("volume {}: demoted on node {}: a replica of {}", v.config->name, options.node,
+                v.holder);
+    }
+  }
+
+  std::map<std::string, std::string> hook_env(const Volume& v) const {
+    return {{"PMIRROR_VOLUME", v.config->name},
+            {"PMIRROR_NODE", options.node},
+            {"PMIRROR_CLUSTER", options.cluster.name}};
+  }
+
+  void start_hook(const Volume& v) {
+    const auto& hook = v.config->failover;
+    std::string command =
+        !hook.hook_unit.empty() ? "systemctl start " + hook.hook_unit : hook.start_command;
+    if (command.empty()) return;
+    Status s = run_command(command, hook_env(v));
+    if (s.ok()) {
+      log::info("volume {}: started the application ({})", v.config->name, command);
+    } else {
+      log::error("volume {}: could not start the application: {}", v.config->name, s.message());
+    }
+  }
+
+  void stop_hook(const Volume& v) {
+    const auto& hook = v.config->failover;
+    std::string command =
+        !hook.hook_unit.empty() ? "systemctl stop " + hook.hook_unit : hook.stop_command;
+    if (command.empty()) return;
+    Status s = run_command(command, hook_env(v));
+    if (!s.ok()) log::error("volume {}: stopping the application: {}", v.config->name, s.message());
+  }
+
+  // ---- the lease ------------------------------------------------------------
+
+  void publish_deadlines() {
+    for (auto& v : volumes) {
+      if (v.held) v.lease_file->publish(monotonic_ns(deadline), lease_id);
+    }
+  }
+
+  // This node no longer holds `v`: the application must stop writing at
+  // once (its persists fail from here on), then it is stopped.
+  void lose(Volume& v, const std::string& why) {
+    if (!v.held) return;
+    v.held = false;
+    v.lease_file->withdraw();
+    log::warn("volume {}: node {} lost the lease: {}; stopping the application", v.config->name,
+              options.node, why);
+    stop_hook(v);
+  }
+
+  void renew() {
+    auto now = Clock::now();
+    if (lease_id == 0) {
+      auto ttl = std::chrono::duration_cast<std::chrono::seconds>(etcd_settings.ttl);
+      auto lease = etcd->grant_lease(ttl);
+      if (!lease.ok()) {
+        lease_error = lease.status().message();
+        return;
+      }
+      lease_id = lease->id;
+      last_renew_sent = now;
+      deadline = now + lease->ttl - etcd_settings.margin;
+      lease_error.clear();
+      log::info("node {}: etcd lease {:x} granted ({} s) by {}", options.node, lease_id,
+                lease->ttl.count(), etcd->current_endpoint());
+      return;
+    }
+    if (now - last_renew_sent < etcd_settings.renew) return;
+    // The deadline counts from when the renewal was sent: etcd counts its
+    // TTL from when it received it, later.
+    auto ttl = etcd->keep_alive(lease_id);
+    if (!ttl.ok()) {
+      lease_error = ttl.status().message();
+      log::warn("node {}: renewing the etcd lease failed: {}", options.node, lease_error);
+      return;
+    }
+    last_renew_sent = now;
+    if (ttl->count() <= 0) {
+      lease_error = "etcd no longer knows lease " + std::to_string(lease_id) + " (it expired)";
+      for (auto& v : volumes) lose(v, lease_error);
+      lease_id = 0;
+      return;
+    }
+    lease_error.clear();
+    deadline = now + *ttl - etcd_settings.margin;
+    publish_deadlines();
+  }
+
+  // Past the deadline the holder's application already fails its persists
+  // (it reads the same deadline); the promoter gives the volumes up and
+  // starts over with a new lease once etcd answers again.
+  void check_deadline() {
+    if (lease_id == 0 || Clock::now() < deadline) return;
+    for (auto& v : volumes) lose(v, "the lease was not renewed in time (" + lease_error + ")");
+    (void)etcd->revoke_lease(lease_id);
+    lease_id = 0;
+  }
+
+  // ---- one volume -------------------------------------------------------------
+
+  // This copy's record in etcd, under the node's lease: what the other
+  // nodes compare theirs with before taking over.
+  // The sequence only while nobody holds the volume (it is compared only
+  // then, and changes with every persist: published all the time it would
+  // be a write to etcd per poll, per copy, per volume).
+  void publish_copy(Volume& v, CopyRecord record, bool with_sequence) {
+    if (!with_sequence) record.sequence = 0;
+    std::string value = record.to_json().dump();
+    std::string key = v.keys.copies + options.node;
+    if (v.copy_record_lease == lease_id && value == v.published_copy) return;
+    Result<bool> done = v.copy_record_lease == lease_id
+                            ? etcd->update_if_held(key, value, lease_id)
+                            : etcd->create_if_absent(key, value, lease_id);
+    if (done.ok() && !*done && v.copy_record_lease != lease_id) {
+      // A record of this node's previous lease: replace it.
+      auto old = etcd->get(key);
+      if (old.ok() && *old) (void)etcd->delete_if_held(key, (*old)->lease);
+      done = etcd->create_if_absent(key, value, lease_id);
+    }
+    if (done.ok() && *done) {
+      v.published_copy = value;
+      v.copy_record_lease = lease_id;
+    }
+  }
+
+  // Why this node's copy must not become the primary, or empty. It must be
+  // consistent, know the generation the last primary announced, and not be
+  // behind any copy another live node published: newer (its generation
+  // follows this one's) or further in the same generation (a higher
+  // sequence: with ack < all, a persist may be on one replica only).
+  std::string refusal(Volume& v, const CopyRecord& mine) {
+    if (!mine.consistent) {
+      return "the copy is inconsistent (a resync into it was interrupted)";
+    }
+    auto last = etcd->get(v.keys.last_generation);
+    if (!last.ok()) return "etcd: " + last.status().message();
+    if (*last && !mine.knows((*last)->value)) {
+      return "the last primary wrote generation " + (*last)->value +
+             ", which this copy does not have (it was left behind); the copy that has it "
+             "should take over (or promote by hand: pmirrorctl promote --force)";
+    }
+    auto copies = etcd->get_prefix(v.keys.copies);
+    if (!copies.ok()) return "etcd: " + copies.status().message();
+    bool others_empty = true;
+    for (const auto& kv : *copies) {
+      std::string node = kv.key.substr(v.keys.copies.size());
+      if (node == options.node) continue;
+      CopyRecord other = CopyRecord::from_json(json::parse(kv.value, nullptr, false));
+      if (!is_zero_generation(other.generation)) others_empty = false;
+      if (other.generation != mine.generation && other.knows(mine.generation)) {
+        return "node " + node + "'s copy is newer (generation " + other.generation +
+               " follows this copy's " + mine.generation + ")";
+      }
+      if (other.generation == mine.generation && other.sequence > mine.sequence) {
+        return "node " + node + "'s copy has more of generation " + mine.generation +
+               " (sequence " + std::to_string(other.sequence) + ", this copy " +
+               std::to_string(mine.sequence) + ")";
+      }
+    }
+    if (is_zero_generation(mine.generation)) {
+      // A new cluster: the configured primary starts it.
+      bool fresh = !*last && others_empty;
+      if (!(fresh && v.config->primary == options.node)) return "the copy never received data";
+    }
+    return {};
+  }
+
+  void step(Volume& v) {
+    auto leader = etcd->get(v.keys.leader);
+    if (!leader.ok()) return;  // etcd unreachable: nothing changes here
+    auto copy = local_copy(v);
+    if (copy.ok() && lease_id != 0) publish_copy(v, *copy, /*with_sequence=*/!*leader);
+    if (*leader) {
+      const EtcdKeyValue& kv = **leader;
+      if (kv.lease == lease_id && lease_id != 0) {
+        v.holder = options.node;
+        // The holder announces the generation its application writes at:
+        // a standby whose copy does not have it must not take over.
+        if (copy.ok() && copy->primary && !is_zero_generation(copy->generation) &&
+            copy->generation != v.published_last) {
+          if (etcd->put(v.keys.last_generation, copy->generation, 0).ok()) {
+            v.published_last = copy->generation;
+          }
+        }
+        return;
+      }
+      json value = json::parse(kv.value, nullptr, false);
+      std::string holder = str(value, "node");
+      if (v.held) lose(v, "node " + holder + " holds it now");
+      if (holder != v.holder) {
+        v.holder = holder;
+        log::info("volume {}: primary is node {}", v.config->name, holder);
+        v.demote_pending = holder != options.node;
+      }
+      v.absent_since.reset();
+      v.refused.clear();
+      // A copy promoted here while another node is primary refuses that
+      // primary's sessions: a replica again, once its application is gone.
+      if (v.demote_pending && copy.ok() && !copy->primary) demote(v);
+      return;
+    }
+    // Nobody holds the volume.
+    if (v.held) lose(v, "its leader key was deleted");
+    if (lease_id == 0) return;
+    auto now = Clock::now();
+    if (!v.absent_since) {
+      v.absent_since = now;
+      v.holder.clear();
+      log::info("volume {}: no primary holds the lease", v.config->name);
+    }
+    if (!copy.ok()) {
+      v.refused = copy.status().message();
+      return;
+    }
+    std::string why = copy->primary ? std::string() : refusal(v, *copy);
+    if (why != v.refused && !why.empty()) {
+      log::warn("volume {}: node {} does not take over: {}", v.config->name, options.node, why);
+    }
+    v.refused = why;
+    if (!why.empty()) return;
+    // Two polls at least, for every node to publish its copy's sequence;
+    // equal candidates then go in the file's order (the configured primary
+    // first), one renew interval apart, so that they do not race to promote.
+    if (now - *v.absent_since <
+        std::max(2 * poll_interval(), static_cast<int64_t>(v.rank) * etcd_settings.renew)) {
+      return;
+    }
+    json value = {
+        {"node", options.node}, {"generation", copy->generation}, {"since_unix_ms", unix_ms()}};
+    auto won = etcd->create_if_absent(v.keys.leader, value.dump(), lease_id);
+    if (!won.ok() || !*won) return;
+    log::warn("volume {}: node {} took the lease", v.config->name, options.node);
+    if (!copy->primary) {
+      Status promoted = promote_copy(v);
+      if (!promoted.ok()) {
+        log::error("volume {}: promoting the copy on node {} failed: {}; giving the lease back",
+                   v.config->name, options.node, promoted.message());
+        (void)etcd->delete_if_held(v.keys.leader, lease_id);
+        v.refused = "promote failed: " + promoted.message();
+        v.absent_since = now;  // the next candidate goes first
+        return;
+      }
+    }
+    v.held = true;
+    v.held_since = now;
+    v.holder = options.node;
+    v.absent_since.reset();
+    v.demote_pending = false;
+    v.lease_file->publish(monotonic_ns(deadline), lease_id);
+    start_hook(v);
+  }
+
+  // The configured primary whose copy nobody fenced needs no promotion
+  // (its application opens it as the file says); any other copy is
+  // promoted, with fencing. A writer still connected here (an old primary
+  // that lost its lease but kept its connection) is ended: the lease says
+  // it may no longer write.
+  Status promote_copy(const Volume& v) {
+    if (v.config->primary == options.node) {
+      auto status = control::request(socket, {{"command", "status"}}, kStatusTimeout);
+      if (status.ok() && status->contains("volumes")) {
+        for (const auto& entry : (*status)["volumes"]) {
+          if (str(entry, "name") != v.config->name) continue;
+          const json copy = entry.value("copy", json::object());
+          if (!copy.contains("fence")) return Status::Ok();
+        }
+      }
+    }
+    Status s = promote(v, /*force=*/false);
+    if (s.code() == Errc::kBusy) s = promote(v, /*force=*/true);
+    return s;
+  }
+
+  // How often the leader keys are read: standbys notice a lost primary
+  // within one poll; the lease itself is renewed every `renew`.
+  std::chrono::milliseconds poll_interval() const {
+    return std::min(etcd_settings.renew, milliseconds(250));
+  }
+
+  void update_status() {
+    json out = {{"node", options.node}};
+    if (lease_id != 0) {
+      out["lease"] = {{"id", lease_id},
+                      {"deadline_in_ms",
+                       std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count()},
+                      {"error", lease_error}};
+    } else {
+      out["lease"] = {{"id", 0}, {"error", lease_error}};
+    }
+    json list = json::array();
+    for (const auto& v : volumes) {
+      list.push_back({{"name", v.config->name},
+                      {"holder", v.holder},
+                      {"held", v.held},
+                      {"refused", v.refused}});
+    }
+    out["volumes"] = std::move(list);
+    std::lock_guard lock(status_mutex);
+    last_status = std::move(out);
+  }
+};
+
+Promoter::Promoter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Promoter::~Promoter() = default;
+
+Result<std::unique_ptr<Promoter>> Promoter::create(PromoterOptions options) {
+  const config::ClusterConfig& cluster = options.cluster;
+  if (cluster.failover.engine != config::FailoverEngine::kEtcd) {
+    return Status(Errc::kConfigError, cluster.source +
+                                          ": failover.engine is not etcd: pmirror-promoter has "
+                                          "nothing to do (docs/failover.md)");
+  }
+  if (cluster.find_node(options.node) == nullptr) {
+    return Status(Errc::kConfigError, "no node '" + options.node + "' in " + cluster.source);
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = std::move(options);
+  const config::ClusterConfig& kept = impl->options.cluster;
+  const config::EtcdSettings& etcd = kept.failover.etcd;
+  const config::NodeConfig* node = kept.find_node(impl->options.node);
+  impl->etcd_settings = etcd;
+  impl->socket = impl->options.pmirrord_socket.empty() ? node->daemon.control_socket
+                                                       : impl->options.pmirrord_socket;
+  impl->runtime_dir = control::runtime_dir();
+  PMIRROR_ASSIGN_OR_RETURN(impl->etcd, EtcdClient::create({.endpoints = etcd.endpoints,
+                                                           .timeout = etcd.timeout,
+                                                           .tls_ca = etcd.tls_ca,
+                                                           .tls_cert = etcd.tls_cert,
+                                                           .tls_key = etcd.tls_key}));
+  const std::string& me = impl->options.node;
+  for (const auto& volume : kept.volumes) {
+    std::vector<std::string> nodes{volume.primary};
+    nodes.insert(nodes.end(), volume.replicas.begin(), volume.replicas.end());
+    auto it = std::find(nodes.begin(), nodes.end(), me);
+    if (it == nodes.end()) continue;
+    Impl::Volume v;
+    v.config = &volume;
+    v.keys = volume_keys(etcd, kept.name, volume.name);
+    v.rank = static_cast<size_t>(it - nodes.begin());
+    auto path = volume.paths.find(me);
+    if (path != volume.paths.end()) v.path = path->second;
+    std::string lease_path = node->daemon.lease_dir + "/" + volume.name + ".lease";
+    auto file = LeaseFileWriter::create(lease_path, volume.name, me);
+    if (!file.ok()) return file.status().with_context("volume " + volume.name);
+    v.lease_file = std::make_unique<LeaseFileWriter>(std::move(*file));
+    impl->volumes.push_back(std::move(v));
+  }
+  impl->update_status();
+  return std::unique_ptr<Promoter>(new Promoter(std::move(impl)));
+}
+
+Status Promoter::run(std::stop_token stop) {
+  Impl& impl = *impl_;
+  log::info("node {}: promoter for {} volume(s), etcd {} (ttl {} ms, renew {} ms)",
+            impl.options.node, impl.volumes.size(), impl.etcd_settings.endpoints.front(),
+            impl.etcd_settings.ttl.count(), impl.etcd_settings.renew.count());
+  const milliseconds poll = impl.poll_interval();
+  while (!stop.stop_requested()) {
+    impl.renew();
+    impl.check_deadline();
+    for (auto& v : impl.volumes) {
+      if (stop.stop_requested()) break;
+      impl.step(v);
+    }
+    impl.update_status();
+    auto until = Clock::now() + poll;
+    while (!stop.stop_requested() && Clock::now() < until) {
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+  }
+  // Hand over: the application stops, then the keys go with the lease, so
+  // that a standby takes over now instead of after ttl.
+  for (auto& v : impl.volumes) {
+    if (!v.held) continue;
+    v.lease_file->withdraw();
+    impl.stop_hook(v);
+    v.held = false;
+  }
+  if (impl.lease_id != 0) (void)impl.etcd->revoke_lease(impl.lease_id);
+  impl.update_status();
+  log::info("node {}: promoter stopped; its lease revoked", impl.options.node);
+  return Status::Ok();
+}
+
+json Promoter::status() const {
+  std::lock_guard lock(impl_->status_mutex);
+  return impl_->last_status;
+}
+
+}  // namespace pmirror::failover

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# How long an automatic failover takes (docs/failover.md, sections 2 and 7):
+# runs FailoverTest.KilledPrimaryIsReplacedAndItsAcknowledgedRecordsSurvive
+# N times (default 10) -- a 3-member etcd, three nodes with pmirrord and
+# pmirror-promoter on loopback, kill -9 of the primary's application and
+# promoter -- and prints, from the kill to the first record the new
+# primary's application acknowledged, every run's time, the median and the
+# maximum, beside the lease's ttl and the load average.
+#   scripts/failover-takeover.sh [RUNS] [BUILD_DIR]
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+runs=${1:-10}
+build=${2:-$repo/build}
+test_binary=$build/tests/integration/failover_test
+[[ -x $test_binary ]] || {
+  echo "no $test_binary: run scripts/build.sh first" >&2
+  exit 1
+}
+times=()
+ttl=""
+for ((i = 1; i <= runs; i++)); do
+  out=$("$test_binary" --gtest_filter='FailoverTest.KilledPrimaryIsReplacedAndItsAcknowledgedRecordsSurvive' 2>&1) || {
+    echo "$out" | tail -40 >&2
+    echo "run $i failed" >&2
+    exit 1
+  }
+  line=$(grep -o '\[failover\] node [a-z]* serves [0-9]* ms after the kill (ttl [0-9]* ms)' <<<"$out")
+  ms=$(awk '{print $5}' <<<"$line")
+  ttl=$(grep -o 'ttl [0-9]*' <<<"$line" | awk '{print $2}')
+  times+=("$ms")
+  echo "run $i: $line"
+done
+sorted=$(printf '%s\n' "${times[@]}" | sort -n)
+median=$(awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : int((a[NR/2]+a[NR/2+1])/2)}' <<<"$sorted")
+max=$(tail -1 <<<"$sorted")
+echo "takeover over $runs runs: p50 ${median} ms, max ${max} ms (ttl ${ttl} ms; goal ttl + 2000 ms)"
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
