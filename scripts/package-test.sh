@@ -155,7 +155,15 @@ grep -qx 'ExecStart=/usr/sbin/pmirrord --config /etc/pmirror/cluster.yaml' "$uni
 analyzed=$(systemd-analyze verify "$unit" 2>&1) || fail "systemd-analyze verify $unit: $analyzed"
 [[ -z $analyzed ]] || fail "systemd-analyze verify $unit warns: $analyzed"
 echo "systemd-analyze verify $unit: clean"
-for page in "pmirrorctl" "5 pmirror-cluster.yaml" "pmirror_persist" "pmirrord" "libpmirror" \
+[[ $(/usr/sbin/pmirror-promoter --version) == "pmirror-promoter $upstream" ]] ||
+  fail "pmirror-promoter --version"
+promoter_unit=$(dpkg -L pmirrord | grep '/systemd/system/pmirror-promoter.service$') ||
+  fail "no pmirror-promoter unit in pmirrord"
+analyzed=$(systemd-analyze verify "$promoter_unit" 2>&1) ||
+  fail "systemd-analyze verify $promoter_unit: $analyzed"
+[[ -z $analyzed ]] || fail "systemd-analyze verify $promoter_unit warns: $analyzed"
+echo "systemd-analyze verify $promoter_unit: clean"
+for page in "pmirrorctl" "5 pmirror-cluster.yaml" "pmirror_persist" "pmirrord" "pmirror-promoter" "libpmirror" \
   "pmirror_wait" "pmirror_cfg_set_ack"; do
   # shellcheck disable=SC2086  # "5 name" is two words
   path=$(man -w $page) || fail "man -w $page finds nothing"
