@@ -93,11 +93,7 @@ int main(int argc, char** argv) {
 
   // Its status beside pmirrord's socket (pmirrord.sock ->
   // pmirrord.promoter.sock), for pmirrorctl and the tests.
-  std::string status_socket = daemon_socket;
-  if (status_socket.size() > 5 && status_socket.ends_with(".sock")) {
-    status_socket.resize(status_socket.size() - 5);
-  }
-  status_socket += ".promoter.sock";
+  std::string status_socket = pmirror::control::promoter_socket_path(daemon_socket);
   auto* p = promoter->get();
   auto server = pmirror::control::Server::start(
       status_socket, [p](const nlohmann::json& request) -> pmirror::Result<nlohmann::json> {

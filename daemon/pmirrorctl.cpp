@@ -85,9 +85,17 @@ Gathered gather_status(const Global& global) {
   } else if (daemon.status().code() != Errc::kNotFound) {
     classify(daemon.status(), gathered);
   }
+  // Who holds each volume's lease, when pmirror-promoter runs here
+  // (docs/failover.md); said nothing about when it does not.
+  auto attach_promoter = [&] {
+    auto promoter =
+        control::request(control::promoter_socket_path(global.socket), request, timeout);
+    if (promoter.ok()) control::attach_failover(gathered.statuses, *promoter);
+  };
   auto sockets = control::list_initiator_sockets(global.runtime_dir);
   if (!sockets.ok()) {
     classify(sockets.status(), gathered);
+    attach_promoter();
     return gathered;
   }
   for (const control::InitiatorSocket& socket : *sockets) {
@@ -115,6 +123,7 @@ Gathered gather_status(const Global& global) {
       classify(status.status(), gathered);
     }
   }
+  attach_promoter();
   return gathered;
 }
 

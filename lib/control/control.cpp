@@ -236,6 +236,12 @@ Result<json> parse_reply(const std::string& line, const std::string& path) {
 
 // ---- paths -------------------------------------------------------------
 
+std::string promoter_socket_path(const std::string& daemon_socket) {
+  std::string path = daemon_socket;
+  if (path.size() > 5 && path.ends_with(".sock")) path.resize(path.size() - 5);
+  return path + ".promoter.sock";
+}
+
 std::string runtime_dir() {
   const char* env = std::getenv("PMIRROR_RUNTIME_DIR");
   if (env != nullptr && *env != '\0') return env;

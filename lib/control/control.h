@@ -79,6 +79,9 @@ struct ServerOptions {
 std::string runtime_dir();
 // pmirrord's socket in `dir`: <dir>/pmirrord.sock.
 std::string daemon_socket_path(const std::string& dir = runtime_dir());
+// pmirror-promoter's status socket beside pmirrord's: PATH.sock ->
+// PATH.promoter.sock (docs/failover.md).
+std::string promoter_socket_path(const std::string& daemon_socket);
 // A libpmirror process's socket: <dir>/initiator-<pid>.sock.
 std::string initiator_socket_path(pid_t pid, const std::string& dir = runtime_dir());
 
@@ -190,6 +193,12 @@ Errc errc_from_name(std::string_view name);
 // `volume` is set, only that volume (and the processes that have it).
 nlohmann::json merge_status(const std::vector<nlohmann::json>& statuses,
                             const std::optional<std::string>& volume = std::nullopt);
+// Adds to every volume of `statuses` that the promoter's status
+// (pmirror-promoter's {"volumes":[{"name","holder","held","since",
+// "refused"}],"lease":{...}}) names a "failover" object: {"holder",
+// "held_here", "since", "refused", "etcd_error"}, so that `pmirrorctl
+// status` says who holds each volume's lease.
+void attach_failover(std::vector<nlohmann::json>& statuses, const nlohmann::json& promoter);
 // Sorted, unique names of every volume in a merged status.
 std::vector<std::string> volume_names(const nlohmann::json& merged);
 

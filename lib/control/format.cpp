@@ -233,6 +233,31 @@ std::string copy_line(const json& volume) {
   return line == "  this copy:" ? std::string() : line;
 }
 
+// "  lease: held by node b since 12:01:07" from the promoter's part
+// (attach_failover); empty without one.
+std::string failover_line(const json& volume, const HumanFormat& format) {
+  const json& failover = member(volume, "failover");
+  if (!failover.is_object()) return {};
+  std::string line = "  lease: ";
+  std::string holder = str(failover, "holder");
+  if (holder.empty()) {
+    line += "nobody holds it";
+  } else {
+    line += flag(failover, "held_here").value_or(false) ? "held here (node " + holder + ")"
+                                                        : "held by node " + holder;
+    if (auto since = parse_rfc3339(str(failover, "since"))) {
+      line += " since " + clock_time(*since, format);
+    }
+  }
+  if (std::string refused = str(failover, "refused"); !refused.empty()) {
+    line += "; this node does not take over: " + refused;
+  }
+  if (std::string error = str(failover, "etcd_error"); !error.empty()) {
+    line += "; etcd: " + error;
+  }
+  return line;
+}
+
 // "syncing 12.0 MiB / 64.0 MiB (18%), 95.2 MiB/s, ETA 1s"
 std::string resync_text(const json& resync) {
   auto done = number(resync, "done_bytes");
@@ -382,6 +407,7 @@ std::string format_status_human(const nlohmann::json& merged,
     const json& v = *entry.volume;
     if (str(v, "state") == "failed") out += "  failed: " + str(v, "error") + "\n";
     if (std::string copy = copy_line(v); !copy.empty()) out += copy + "\n";
+    if (std::string lease = failover_line(v, format); !lease.empty()) out += lease + "\n";
     if (v.contains("peers") && v["peers"].is_array() && !v["peers"].empty()) {
       for (const json& peer : v["peers"]) {
         out += peer_line(peer, format) + "\n";
@@ -525,6 +551,27 @@ std::string format_generation(const nlohmann::json& value) {
     return hex16(static_cast<uint64_t>(g));
   }
   return {};
+}
+
+void attach_failover(std::vector<nlohmann::json>& statuses, const nlohmann::json& promoter) {
+  const json& volumes = member(promoter, "volumes");
+  if (!volumes.is_array()) return;
+  const std::string etcd_error = str(member(promoter, "lease"), "error");
+  for (json& status : statuses) {
+    if (!status.is_object() || !status.contains("volumes") || !status["volumes"].is_array()) {
+      continue;
+    }
+    for (json& v : status["volumes"]) {
+      for (const json& f : volumes) {
+        if (str(f, "name") != str(v, "name") || !v.is_object()) continue;
+        v["failover"] = {{"holder", str(f, "holder")},
+                         {"held_here", flag(f, "held").value_or(false)},
+                         {"since", str(f, "since")},
+                         {"refused", str(f, "refused")},
+                         {"etcd_error", etcd_error}};
+      }
+    }
+  }
 }
 
 bool has_primary_volume(const nlohmann::json& status, const std::string& volume) {

@@ -29,6 +29,7 @@ static_assert(offsetof(LeaseFileLayout, holder_pid) == 168);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<int64_t>::is_always_lock_free);
 static_assert(std::atomic<int32_t>::is_always_lock_free);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(sizeof(std::atomic<uint64_t>) == 8 && alignof(std::atomic<uint64_t>) == 8);
 
 uint64_t monotonic_now_ns() {
@@ -115,14 +116,14 @@ Result<LeaseFileWriter> LeaseFileWriter::create(const std::string& path, std::st
   layout->lease_id.store(0, std::memory_order_relaxed);
   layout->renewed_unix_ms.store(0, std::memory_order_relaxed);
   layout->holder_pid.store(int32_t(::getpid()), std::memory_order_relaxed);
-  layout->version = kLeaseLayoutVersion;
   layout->size = kLeaseFileSize;
   std::memset(layout->volume, 0, kLeaseNameSize);
   std::memcpy(layout->volume, volume.data(), volume.size());
   std::memset(layout->node, 0, kLeaseNameSize);
   std::memcpy(layout->node, node.data(), node.size());
-  std::atomic_thread_fence(std::memory_order_release);
   std::memcpy(layout->magic, kLeaseMagic, sizeof kLeaseMagic);
+  // Last, with release: a reader that loads it (acquire) sees the rest.
+  layout->version.store(kLeaseLayoutVersion, std::memory_order_release);
   return LeaseFileWriter(path, std::move(fd), std::move(mapping));
 }
 
@@ -174,15 +175,15 @@ Result<LeaseFileReader> LeaseFileReader::open(const std::string& path,
   }
   LeaseMapping mapping(address, kLeaseFileSize);
   const LeaseFileLayout* layout = mapping.layout();
+  const uint32_t version = layout->version.load(std::memory_order_acquire);
   if (std::memcmp(layout->magic, kLeaseMagic, sizeof kLeaseMagic) != 0) {
     return Status(Errc::kInvalidArgument,
                   "lease file " + path +
                       " is not a lease file (no PMLEASE1 magic; pmirror-promoter writes it)");
   }
-  std::atomic_thread_fence(std::memory_order_acquire);
-  if (layout->version != kLeaseLayoutVersion || layout->size != kLeaseFileSize) {
+  if (version != kLeaseLayoutVersion || layout->size != kLeaseFileSize) {
     return Status(Errc::kInvalidArgument,
-                  "lease file " + path + " has layout version " + std::to_string(layout->version) +
+                  "lease file " + path + " has layout version " + std::to_string(version) +
                       "; this libpmirror reads version " + std::to_string(kLeaseLayoutVersion) +
                       " (pmirror-promoter and libpmirror of different releases?)");
   }

@@ -39,8 +39,8 @@ inline constexpr size_t kLeaseNameSize = 64;  // volume and node: NUL-padded, no
 // The file, as both sides map it. Offsets are fixed (static_asserts in
 // lease_file.cpp); a change of meaning bumps kLeaseLayoutVersion.
 struct LeaseFileLayout {
-  char magic[8];                         //   0: kLeaseMagic, written last at create
-  uint32_t version;                      //   8: kLeaseLayoutVersion
+  char magic[8];                         //   0: kLeaseMagic
+  std::atomic<uint32_t> version;         //   8: kLeaseLayoutVersion, stored last at create
   uint32_t size;                         //  12: kLeaseFileSize
   char volume[kLeaseNameSize];           //  16
   char node[kLeaseNameSize];             //  80: the promoter's node

@@ -162,6 +162,7 @@ struct Promoter::Impl {
     Clock::time_point held_since{};
     std::optional<Clock::time_point> absent_since;
     std::string holder;             // the node seen holding the key
+    int64_t since_unix_ms = 0;      // since when (the key's since_unix_ms)
     std::string refused;            // why this node did not take over
     std::string published_copy;     // the copy record last put in etcd
     std::string published_last;     // the last generation last put in etcd
@@ -261,27 +262,26 @@ struct Promoter::Impl {
             {"PMIRROR_CLUSTER", options.cluster.name}};
   }
 
-  void start_hook(const Volume& v) {
+  // Starts (or stops) the application: `systemctl start|stop UNIT`, or the
+  // volume's start_command (stop_command). Its failure is logged: the
+  // lease is held (or given up) all the same.
+  void run_hook(const Volume& v, bool start) {
     const auto& hook = v.config->failover;
     std::string command =
-        !hook.hook_unit.empty() ? "systemctl start " + hook.hook_unit : hook.start_command;
+        !hook.hook_unit.empty()
+            ? std::string(start ? "systemctl start " : "systemctl stop ") + hook.hook_unit
+            : (start ? hook.start_command : hook.stop_command);
     if (command.empty()) return;
     Status s = run_command(command, hook_env(v));
-    if (s.ok()) {
+    if (!s.ok()) {
+      log::error("volume {}: {} the application: {}", v.config->name,
+                 start ? "could not start" : "stopping", s.message());
+    } else if (start) {
       log::info("volume {}: started the application ({})", v.config->name, command);
-    } else {
-      log::error("volume {}: could not start the application: {}", v.config->name, s.message());
     }
   }
-
-  void stop_hook(const Volume& v) {
-    const auto& hook = v.config->failover;
-    std::string command =
-        !hook.hook_unit.empty() ? "systemctl stop " + hook.hook_unit : hook.stop_command;
-    if (command.empty()) return;
-    Status s = run_command(command, hook_env(v));
-    if (!s.ok()) log::error("volume {}: stopping the application: {}", v.config->name, s.message());
-  }
+  void start_hook(const Volume& v) { run_hook(v, /*start=*/true); }
+  void stop_hook(const Volume& v) { run_hook(v, /*start=*/false); }
 
   // ---- the lease ------------------------------------------------------------
 
@@ -440,6 +440,10 @@ struct Promoter::Impl {
       }
       json value = json::parse(kv.value, nullptr, false);
       std::string holder = str(value, "node");
+      if (value.is_object() && value.contains("since_unix_ms") &&
+          value["since_unix_ms"].is_number_integer()) {
+        v.since_unix_ms = value["since_unix_ms"].get<int64_t>();
+      }
       if (v.held) lose(v, "node " + holder + " holds it now");
       if (holder != v.holder) {
         v.holder = holder;
@@ -460,6 +464,7 @@ struct Promoter::Impl {
     if (!v.absent_since) {
       v.absent_since = now;
       v.holder.clear();
+      v.since_unix_ms = 0;
       log::info("volume {}: no primary holds the lease", v.config->name);
     }
     if (!copy.ok()) {
@@ -479,8 +484,9 @@ struct Promoter::Impl {
         std::max(2 * poll_interval(), static_cast<int64_t>(v.rank) * etcd_settings.renew)) {
       return;
     }
+    const int64_t since = unix_ms();
     json value = {
-        {"node", options.node}, {"generation", copy->generation}, {"since_unix_ms", unix_ms()}};
+        {"node", options.node}, {"generation", copy->generation}, {"since_unix_ms", since}};
     auto won = etcd->create_if_absent(v.keys.leader, value.dump(), lease_id);
     if (!won.ok() || !*won) return;
     log::warn("volume {}: node {} took the lease", v.config->name, options.node);
@@ -498,6 +504,7 @@ struct Promoter::Impl {
     v.held = true;
     v.held_since = now;
     v.holder = options.node;
+    v.since_unix_ms = since;
     v.absent_since.reset();
     v.demote_pending = false;
     v.lease_file->publish(monotonic_ns(deadline), lease_id);
@@ -543,10 +550,14 @@ struct Promoter::Impl {
     }
     json list = json::array();
     for (const auto& v : volumes) {
-      list.push_back({{"name", v.config->name},
-                      {"holder", v.holder},
-                      {"held", v.held},
-                      {"refused", v.refused}});
+      list.push_back(
+          {{"name", v.config->name},
+           {"holder", v.holder},
+           {"since", v.since_unix_ms == 0 ? std::string()
+                                          : format_rfc3339(std::chrono::system_clock::time_point(
+                                                std::chrono::milliseconds(v.since_unix_ms)))},
+           {"held", v.held},
+           {"refused", v.refused}});
     }
     out["volumes"] = std::move(list);
     std::lock_guard lock(status_mutex);

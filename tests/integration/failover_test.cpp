@@ -107,11 +107,13 @@ class FailoverTest : public ::testing::Test {
   // the node the promoter names ($PMIRROR_NODE), stop-app.sh stops it.
   void write_hooks() {
     std::ofstream start(dir_->file("start-app.sh"));
-    start << "case \"$PMIRROR_NODE\" in a) first=1; tag=1;; b) first=1001; tag=2;; "
-             "*) first=2001; tag=3;; esac\n"
+    // a writes long enough to be killed, frozen or cut off mid-stream; the
+    // node that takes over writes 300 records and idles.
+    start << "case \"$PMIRROR_NODE\" in a) first=1; tag=1; count=990;; "
+             "b) first=1001; tag=2; count=300;; *) first=2001; tag=3; count=300;; esac\n"
           << testing::record_writer_binary() << " write --config " << dir_->file("cluster.yaml")
           << " --volume v --node \"$PMIRROR_NODE\" --identity app --record-size " << kRecord
-          << " --first-seq $first --count 990 --tag $tag --rate 50 --hold-open"
+          << " --first-seq $first --count $count --tag $tag --rate 50 --hold-open"
           << " --open-timeout 30 > " << dir_->path() << "/app-$PMIRROR_NODE.out 2> " << dir_->path()
           << "/app-$PMIRROR_NODE.err < /dev/null &\n"
           << "echo $! > " << dir_->path() << "/app-$PMIRROR_NODE.pid\n";
@@ -229,6 +231,13 @@ TEST_F(FailoverTest, KilledPrimaryIsReplacedAndItsAcknowledgedRecordsSurvive) {
       << diagnostics();
   // Only one node took over.
   EXPECT_EQ(last_acked(out_of(other)), 0u) << diagnostics();
+  // pmirrorctl status says who holds the lease, on either node.
+  testing::RunResult here = cluster_->ctl(next, {"status", "v"});
+  EXPECT_NE(here.out.find("  lease: held here (node " + next + ") since "), std::string::npos)
+      << here.text();
+  testing::RunResult there = cluster_->ctl(other, {"status", "v"});
+  EXPECT_NE(there.out.find("  lease: held by node " + next + " since "), std::string::npos)
+      << there.text();
 }
 
 // The seqs of the valid records with `tag` on `node`'s copy.
@@ -307,7 +316,7 @@ TEST_F(FailoverTest, FrozenPrimaryIsFencedAndComesBackAsAReplica) {
   EXPECT_EQ(records_with_tag(*cluster_, other, tag_of("a")), on_other)
       << "the thawed primary wrote into a fenced copy";
 
-  // The new primary's application writes its 990 records and idles; a's
+  // The new primary's application writes its 300 records and idles; a's
   // copy, a replica again, is resynced to the new primary's bytes but for
   // the record the old application stored and failed to persist: a store
   // no persist carried is in no log (docs/failover.md, "What a fenced

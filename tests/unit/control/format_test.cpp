@@ -206,6 +206,56 @@ TEST(ControlFormat, AFailedVolumeSaysWhy) {
             "  (no peers)\n");
 }
 
+// pmirror-promoter's view joined to the volumes (docs/failover.md): who
+// holds each lease, since when, and why this node would not take over.
+TEST(ControlFormat, LeaseHoldersFromThePromoter) {
+  std::vector<json> statuses = {json::parse(R"({
+    "process": {"kind": "pmirrord", "pid": 99, "node": "node2"},
+    "volumes": [
+      {"name": "db1", "role": "replica", "size": 4096, "generation": 1, "peers": []},
+      {"name": "db2", "role": "replica", "size": 4096, "generation": 1, "peers": []},
+      {"name": "db3", "role": "replica", "size": 4096, "generation": 1, "peers": []}
+    ]
+  })")};
+  json promoter = json::parse(R"json({
+    "node": "node2",
+    "lease": {"id": 7, "deadline_in_ms": 2500, "error": ""},
+    "volumes": [
+      {"name": "db1", "holder": "node1", "held": false, "since": "2026-11-29T16:01:07Z",
+       "refused": ""},
+      {"name": "db2", "holder": "node2", "held": true, "since": "2026-11-29T16:02:00Z",
+       "refused": ""},
+      {"name": "db3", "holder": "", "held": false, "since": "",
+       "refused": "the copy is inconsistent (a resync into it was interrupted)"},
+      {"name": "elsewhere", "holder": "node9", "held": false, "since": "", "refused": ""}
+    ]
+  })json");
+  attach_failover(statuses, promoter);
+  EXPECT_EQ(statuses[0]["volumes"][1]["failover"]["held_here"], true);
+  EXPECT_EQ(statuses[0]["volumes"].size(), 3u) << "a volume this node does not serve is not added";
+  EXPECT_EQ(format_status_human(merge_status(statuses), std::nullopt, at("2026-11-29T16:03:15Z")),
+            "db1 role:replica size:4KiB generation:1 (pmirrord node2)\n"
+            "  lease: held by node node1 since 16:01:07\n"
+            "  (no peers)\n"
+            "db2 role:replica size:4KiB generation:1 (pmirrord node2)\n"
+            "  lease: held here (node node2) since 16:02:00\n"
+            "  (no peers)\n"
+            "db3 role:replica size:4KiB generation:1 (pmirrord node2)\n"
+            "  lease: nobody holds it; this node does not take over: the copy is inconsistent (a "
+            "resync into it was interrupted)\n"
+            "  (no peers)\n");
+  // etcd out of reach: said on every line.
+  promoter["lease"]["error"] = "etcd lease/keepalive: no endpoint answered within 2000 ms";
+  attach_failover(statuses, promoter);
+  EXPECT_NE(
+      format_status_human(merge_status(statuses), std::string("db1"), at("2026-11-29T16:03:15Z"))
+          .find("  lease: held by node node1 since 16:01:07; etcd: etcd lease/keepalive: no "
+                "endpoint answered within 2000 ms\n"),
+      std::string::npos);
+  EXPECT_EQ(promoter_socket_path("/run/pmirror/pmirrord.sock"),
+            "/run/pmirror/pmirrord.promoter.sock");
+}
+
 TEST(ControlFormat, Generations) {
   EXPECT_EQ(format_generation(json("9f3a2b1c4d5e6f70")), "9f3a2b1c4d5e6f70");
   EXPECT_EQ(format_generation(json(3)), "3");  // a legacy counter
