@@ -35,6 +35,12 @@ void* counted_alloc(std::size_t size, std::size_t alignment) {
 
 }  // namespace
 
+// The replacement operators pair malloc with free by construction; GCC's
+// -Wmismatched-new-delete sees operator new's malloc inlined into a caller
+// that frees through operator delete (the TSan build at -O1) and cannot
+// tell.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void* operator new(std::size_t size) { return counted_alloc(size, 0); }
 void* operator new[](std::size_t size) { return counted_alloc(size, 0); }
 void* operator new(std::size_t size, std::align_val_t al) {
@@ -51,6 +57,7 @@ void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 
 namespace pmirror::initiator {
 namespace {
