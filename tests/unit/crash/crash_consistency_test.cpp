@@ -558,7 +558,14 @@ class CrashTest : public ::testing::Test {
     // After each operation, and once every persist has returned.
     for (uint64_t k = 0; k <= dry.operations + 1; ++k) {
       Outcome out = run_once(s, k <= dry.operations ? k : kAtEnd);
-      EXPECT_TRUE(out.crashed) << "crash after " << k << " operations did not happen";
+      // Several writers coalesce their persists as the threads happen to
+      // meet, so a run may take fewer operations than the dry run: a crash
+      // point past the end of this run's own workload cannot happen (the
+      // run is then a crash-free one, checked as such below).
+      const bool past_this_run = s.writers > 1 && k <= dry.operations && out.operations <= k;
+      EXPECT_TRUE(out.crashed || past_this_run)
+          << "crash after " << k << " operations did not happen (" << out.operations
+          << " operations in this run)";
       EXPECT_LE(out.acked, out.written);
       if (k > dry.operations) {
         EXPECT_EQ(out.acked, s.records);
