@@ -149,6 +149,19 @@ class FailoverTest : public ::testing::Test {
     return {};
   }
 
+  // The node other than a whose application acknowledges records, once
+  // one does (60 s at most); empty if none.
+  std::string new_primary() {
+    std::string next;
+    testing::eventually(
+        [&] {
+          next = serving_node("a");
+          return !next.empty();
+        },
+        60s, 20ms);
+    return next;
+  }
+
   std::string diagnostics() {
     std::string all = cluster_->logs();
     for (const char* node : {"a", "b", "c"}) {
@@ -194,14 +207,8 @@ TEST_F(FailoverTest, KilledPrimaryIsReplacedAndItsAcknowledgedRecordsSurvive) {
   const uint64_t acked = last_acked(out_of("a"));
   ASSERT_GE(acked, 100u);
 
-  std::string next;
-  ASSERT_TRUE(testing::eventually(
-      [&] {
-        next = serving_node("a");
-        return !next.empty();
-      },
-      60s, 20ms))
-      << diagnostics();
+  const std::string next = new_primary();
+  ASSERT_FALSE(next.empty()) << diagnostics();
   const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed_at);
   std::fprintf(stderr, "[failover] node %s serves %lld ms after the kill (ttl %lld ms)\n",
                next.c_str(), static_cast<long long>(took.count()),
@@ -282,14 +289,8 @@ TEST_F(FailoverTest, FrozenPrimaryIsFencedAndComesBackAsAReplica) {
   promoters_["a"]->signal(SIGSTOP);
   kill_application("a", SIGSTOP);
 
-  std::string next;
-  ASSERT_TRUE(testing::eventually(
-      [&] {
-        next = serving_node("a");
-        return !next.empty();
-      },
-      60s, 20ms))
-      << diagnostics();
+  const std::string next = new_primary();
+  ASSERT_FALSE(next.empty()) << diagnostics();
   // The new primary is serving: the fence is in force on every copy it
   // reached. What a's records are on the replicas now is all there will be.
   const std::string other = next == "b" ? "c" : "b";
