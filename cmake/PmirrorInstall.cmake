@@ -10,6 +10,8 @@ set(PMIRROR_SYSTEMD_UNIT_DIR "lib/systemd/system" CACHE STRING
     "where the systemd unit goes, relative to the prefix")
 set(PMIRROR_TMPFILES_DIR "lib/tmpfiles.d" CACHE STRING
     "where the tmpfiles.d entry goes, relative to the prefix")
+set(PMIRROR_OCF_AGENT_DIR "lib/ocf/resource.d/pmirror" CACHE STRING
+    "where the Pacemaker resource agent goes, relative to the prefix (OCF_ROOT is /usr/lib/ocf)")
 set(PMIRROR_CMAKE_PACKAGE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/pmirror" CACHE STRING
     "where pmirrorConfig.cmake goes, relative to the prefix")
 
@@ -46,6 +48,9 @@ install(CODE "
   include([[${PROJECT_SOURCE_DIR}/cmake/PmirrorInstallTime.cmake]])
 ")
 install(FILES ${PROJECT_SOURCE_DIR}/systemd/pmirror.conf DESTINATION ${PMIRROR_TMPFILES_DIR})
+
+# ocf:pmirror:pmirror, the Pacemaker resource agent (docs/failover.md).
+install(PROGRAMS ${PROJECT_SOURCE_DIR}/ocf/pmirror DESTINATION ${PMIRROR_OCF_AGENT_DIR})
 
 # bash-completion loads completions/<command> on first use.
 install(FILES ${PROJECT_SOURCE_DIR}/completion/pmirrorctl.bash

@@ -624,10 +624,46 @@ int run_reload(const Global& global, bool dry_run, bool as_json) {
   return kExitOk;
 }
 
-int run_config_check(const std::string& file, const std::string& node) {
+// What a cluster resource agent (ocf:pmirror:pmirror) must know before it
+// manages a volume: that the file names the volume, that this node holds a
+// copy of it, and that the file hands failover to the engine in charge.
+std::vector<std::string> check_expectations(const std::string& file, const std::string& node,
+                                            const std::string& volume, const std::string& engine) {
+  std::vector<std::string> problems;
+  auto cluster = pmirror::config::load_cluster_config(file);
+  if (!cluster.ok()) return {cluster.status().message()};
+  if (!volume.empty()) {
+    const auto* found = cluster->find_volume(volume);
+    if (found == nullptr) {
+      problems.push_back(file + ": no volume '" + volume + "' in the file");
+    } else if (!node.empty() && found->paths.count(node) == 0) {
+      problems.push_back(file + ": node '" + node + "' holds no copy of volume '" + volume +
+                         "' (it is neither its primary nor one of its replicas)");
+    }
+  }
+  if (!engine.empty()) {
+    using pmirror::config::FailoverEngine;
+    const FailoverEngine actual = cluster->failover.engine;
+    const std::string actual_name = actual == FailoverEngine::kEtcd        ? "etcd"
+                                    : actual == FailoverEngine::kPacemaker ? "pacemaker"
+                                                                           : "none";
+    if (actual_name != engine) {
+      problems.push_back(file + ": failover.engine is " + actual_name + ", not " + engine +
+                         (engine == "pacemaker"
+                              ? ": with Pacemaker deciding, set `failover: {engine: pacemaker}` "
+                                "so that no pmirror-promoter competes with it (docs/failover.md)"
+                              : ""));
+    }
+  }
+  return problems;
+}
+
+int run_config_check(const std::string& file, const std::string& node, const std::string& volume,
+                     const std::string& engine) {
   std::vector<std::string> warnings;
   std::vector<std::string> problems = pmirror::config::check_cluster_file(file, node, &warnings);
   for (const std::string& warning : warnings) std::fprintf(stderr, "%s\n", warning.c_str());
+  if (problems.empty()) problems = check_expectations(file, node, volume, engine);
   if (problems.empty()) {
     std::printf("%s: OK\n", file.c_str());
     return kExitOk;
@@ -694,6 +730,11 @@ int main(int argc, char** argv) {
   auto* check = config->add_subcommand("check", "validate a cluster file (exit code 2 if invalid)");
   check->add_option("FILE", config_file, "the cluster file")->required();
   check->add_option("--node", node, "check as this node (default: the one matching the host name)");
+  std::string check_volume, check_engine;
+  check->add_option("--volume", check_volume,
+                    "also require this volume in the file (and, with --node, a copy of it there)");
+  check->add_option("--engine", check_engine, "also require failover.engine to be this one")
+      ->check(CLI::IsMember({"none", "etcd", "pacemaker"}));
 
   std::string command_volume, peer;
   bool full = false, mark_dirty = false, force = false, command_json = false;
@@ -756,7 +797,7 @@ int main(int argc, char** argv) {
     if (events_now) return run_events_now(global, events_json);
     return EventStream(global, events_json, count).run();
   }
-  if (check->parsed()) return run_config_check(config_file, node);
+  if (check->parsed()) return run_config_check(config_file, node, check_volume, check_engine);
   if (resync->parsed()) return run_resync(global, command_volume, peer, full, wait, command_json);
   if (verify->parsed()) return run_verify(global, command_volume, peer, mark_dirty, command_json);
   if (promote->parsed()) {

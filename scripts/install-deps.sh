@@ -13,6 +13,8 @@ packages=(
   prometheus-cpp-dev
   # pmirror-promoter: etcd's JSON gateway over libcurl; etcd for its tests
   libcurl4-openssl-dev etcd-server etcd-client
+  # the Pacemaker resource agent's test (ocf/pmirror: jq; ocf-tester, xmllint)
+  jq resource-agents libxml2-utils
   systemd
   procps iproute2 python3
   # scripts/fuzz.sh: clang with libFuzzer and the sanitizer runtimes
