@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -77,8 +78,17 @@ int main(int argc, char** argv) {
   }
   const pmirror::config::NodeConfig* this_node = cluster->find_node(*me);
   std::string daemon_socket = socket.empty() ? this_node->daemon.control_socket : socket;
-  auto promoter = pmirror::failover::Promoter::create(
-      {.cluster = std::move(*cluster), .node = *me, .pmirrord_socket = socket});
+  // Lease changes go out on the status socket's event stream (pmirrorctl
+  // events) once the socket exists.
+  std::atomic<pmirror::control::Server*> events{nullptr};
+  auto promoter =
+      pmirror::failover::Promoter::create({.cluster = std::move(*cluster),
+                                           .node = *me,
+                                           .pmirrord_socket = socket,
+                                           .on_event = [&events](const nlohmann::json& event) {
+                                             if (auto* server = events.load())
+                                               server->publish(event);
+                                           }});
   if (!promoter.ok()) {
     std::fprintf(stderr, "pmirror-promoter: %s\n", promoter.status().message().c_str());
     return promoter.status().code() == pmirror::Errc::kConfigError ? kExitConfig : kExitStart;
@@ -102,6 +112,8 @@ int main(int argc, char** argv) {
       });
   if (!server.ok()) {
     spdlog::warn("no status socket: {}", server.status().message());
+  } else {
+    events.store(server->get());
   }
 
   std::jthread loop([p](std::stop_token stop) {

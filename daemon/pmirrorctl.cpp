@@ -214,6 +214,10 @@ class EventStream {
       return sockets.status().code() == Errc::kPermissionDenied ? kExitPermission : kExitError;
     }
     for (const auto& socket : *sockets) check(socket.path, false);
+    // pmirror-promoter's lease changes, where one runs (failover.engine: etcd).
+    if (control::probe(promoter_socket(), std::chrono::milliseconds(global_.timeout_ms)).ok()) {
+      paths.push_back(promoter_socket());
+    }
     if (paths.empty()) {
       if (permission) return kExitPermission;
       if (other) return kExitError;
@@ -241,7 +245,7 @@ class EventStream {
   };
 
   void rescan() {
-    std::vector<std::string> candidates = {global_.socket};
+    std::vector<std::string> candidates = {global_.socket, promoter_socket()};
     if (auto sockets = control::list_initiator_sockets(global_.runtime_dir); sockets.ok()) {
       for (const auto& socket : *sockets) candidates.push_back(socket.path);
     }
@@ -262,6 +266,9 @@ class EventStream {
       // Subscribed first, then the state: every event that follows is
       // newer than the state printed.
       auto print_state = [this, &path] {
+        // The promoter's status is not a process status: it has no state
+        // lines (`pmirrorctl status` shows who holds each lease).
+        if (path == promoter_socket()) return;
         auto status = control::request(path, {{"command", "status"}},
                                        std::chrono::milliseconds(global_.timeout_ms));
         if (!status.ok()) return;  // it went away; the subscription says so
@@ -275,6 +282,8 @@ class EventStream {
     });
     sources_.emplace(path, std::move(source));
   }
+
+  std::string promoter_socket() const { return control::promoter_socket_path(global_.socket); }
 
   // `counted`: a change, as --count counts them (the state lines are not).
   bool print(const json& event, bool counted = true) {

@@ -236,11 +236,19 @@ int main(int argc, char** argv) {
   if (config.metrics) {
     // Both sides of this node: the copies pmirrord serves and the volumes
     // that applications here have open as primary (their control sockets).
-    auto started = pmirror::metrics::Exporter::start(config.metrics->to_string(), [&target] {
-      return pmirror::control::with_local_primaries(pmirror::target::to_json((*target)->status()),
-                                                    pmirror::control::runtime_dir(),
+    // And the node's pmirror-promoter, where one runs: its leases.
+    const std::string promoter_socket =
+        pmirror::control::promoter_socket_path(config.control_socket);
+    auto started =
+        pmirror::metrics::Exporter::start(config.metrics->to_string(), [&target, promoter_socket] {
+          nlohmann::json snapshot = pmirror::control::with_local_primaries(
+              pmirror::target::to_json((*target)->status()), pmirror::control::runtime_dir(),
+              std::chrono::seconds(1));
+          auto promoter = pmirror::control::request(promoter_socket, {{"command", "status"}},
                                                     std::chrono::seconds(1));
-    });
+          if (promoter.ok() && snapshot.is_object()) snapshot["promoter"] = std::move(*promoter);
+          return snapshot;
+        });
     if (!started.ok()) {
       spdlog::critical("{}", started.status().message());
       return kExitStart;

@@ -17,6 +17,7 @@
 //   promoter.value()->run(stop_token);   // until stop: then hands over
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <stop_token>
@@ -35,6 +36,10 @@ struct PromoterOptions {
   // sockets are looked for where libpmirror puts them
   // (control::runtime_dir(): $PMIRROR_RUNTIME_DIR, else /run/pmirror).
   std::string pmirrord_socket;
+  // Called with every lease change (docs/control.md, events): {"time",
+  // "process":"pmirror-promoter","node","volume","event","message"}, from
+  // the promoter's thread. Empty: none.
+  std::function<void(const nlohmann::json&)> on_event;
 };
 
 // The keys of one volume in etcd.
@@ -60,8 +65,10 @@ class Promoter {
   // one: it keeps trying, and holds nothing meanwhile).
   Status run(std::stop_token stop);
 
-  // For `pmirrorctl status` and the tests: {"node","lease":{"id","deadline_in_ms"},
-  // "volumes":[{"name","holder","held","since","refused":reason}]}.
+  // For `pmirrorctl status`, pmirrord's metrics and the tests: {"node",
+  // "lease":{"id","deadline_in_ms","error","renewals","renewal_failures"},
+  // "volumes":[{"name","holder","held","since","refused":reason,"takeovers",
+  // "losses"}]} (counters since the promoter started).
   nlohmann::json status() const;
 
  private:

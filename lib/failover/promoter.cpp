@@ -151,6 +151,8 @@ struct Promoter::Impl {
   Clock::time_point last_renew_sent{};
   Clock::time_point deadline{};  // the primary stops writing at it
   std::string lease_error;       // why the last renewal failed, for status
+  uint64_t renewals = 0;         // keep-alives etcd answered (status, metrics)
+  uint64_t renewal_failures = 0;  // keep-alives that failed or came too late
 
   struct Volume {
     const config::ClusterVolume* config = nullptr;
@@ -168,10 +170,24 @@ struct Promoter::Impl {
     std::string published_last;     // the last generation last put in etcd
     int64_t copy_record_lease = 0;  // the lease the copy record is attached to
     bool demote_pending = false;    // promoted here, another node holds it now
+    uint64_t takeovers = 0;         // times this node took the volume
+    uint64_t losses = 0;            // times this node lost or gave it up
   };
   std::vector<Volume> volumes;
   mutable std::mutex status_mutex;
   json last_status;
+
+  // An event for `pmirrorctl events` (docs/control.md): lease-acquired,
+  // lease-lost, lease-released, promoted, demoted, primary-changed.
+  void emit(const Volume& v, const char* event, const std::string& message) const {
+    if (!options.on_event) return;
+    options.on_event({{"time", format_rfc3339(std::chrono::system_clock::now())},
+                      {"process", "pmirror-promoter"},
+                      {"node", options.node},
+                      {"volume", v.config->name},
+                      {"event", event},
+                      {"message", message}});
+  }
 
   // ---- pmirrord and the application --------------------------------------
 
@@ -243,6 +259,10 @@ struct Promoter::Impl {
     }
     log::warn("volume {}: promoted on node {} (generation {}); fences:{}", v.config->name,
               options.node, str(*result, "generation"), fences.empty() ? " none" : fences);
+    emit(v, "promoted",
+         "promoted on node " + options.node + " at generation " + str(*result, "generation") +
+             (force ? " (forced: the old primary was still connected)" : "") +
+             "; fences:" + (fences.empty() ? " none" : fences));
     return Status::Ok();
   }
 
@@ -253,6 +273,7 @@ struct Promoter::Impl {
       v.demote_pending = false;
       log::info("volume {}: demoted on node {}: a replica of {}", v.config->name, options.node,
                 v.holder);
+      emit(v, "demoted", "demoted on node " + options.node + ": a replica of node " + v.holder);
     }
   }
 
@@ -296,9 +317,11 @@ struct Promoter::Impl {
   void lose(Volume& v, const std::string& why) {
     if (!v.held) return;
     v.held = false;
+    ++v.losses;
     v.lease_file->withdraw();
     log::warn("volume {}: node {} lost the lease: {}; stopping the application", v.config->name,
               options.node, why);
+    emit(v, "lease-lost", "node " + options.node + " lost the lease: " + why);
     stop_hook(v);
   }
 
@@ -324,17 +347,20 @@ struct Promoter::Impl {
     // TTL from when it received it, later.
     auto ttl = etcd->keep_alive(lease_id);
     if (!ttl.ok()) {
+      ++renewal_failures;
       lease_error = ttl.status().message();
       log::warn("node {}: renewing the etcd lease failed: {}", options.node, lease_error);
       return;
     }
     last_renew_sent = now;
     if (ttl->count() <= 0) {
+      ++renewal_failures;
       lease_error = "etcd no longer knows lease " + std::to_string(lease_id) + " (it expired)";
       for (auto& v : volumes) lose(v, lease_error);
       lease_id = 0;
       return;
     }
+    ++renewals;
     lease_error.clear();
     deadline = now + *ttl - etcd_settings.margin;
     publish_deadlines();
@@ -448,6 +474,7 @@ struct Promoter::Impl {
       if (holder != v.holder) {
         v.holder = holder;
         log::info("volume {}: primary is node {}", v.config->name, holder);
+        emit(v, "primary-changed", "node " + holder + " holds the lease");
         v.demote_pending = holder != options.node;
       }
       v.absent_since.reset();
@@ -490,6 +517,7 @@ struct Promoter::Impl {
     auto won = etcd->create_if_absent(v.keys.leader, value.dump(), lease_id);
     if (!won.ok() || !*won) return;
     log::warn("volume {}: node {} took the lease", v.config->name, options.node);
+    emit(v, "lease-acquired", "node " + options.node + " took the lease");
     if (!copy->primary) {
       Status promoted = promote_copy(v);
       if (!promoted.ok()) {
@@ -502,6 +530,7 @@ struct Promoter::Impl {
       }
     }
     v.held = true;
+    ++v.takeovers;
     v.held_since = now;
     v.holder = options.node;
     v.since_unix_ms = since;
@@ -548,6 +577,8 @@ struct Promoter::Impl {
     } else {
       out["lease"] = {{"id", 0}, {"error", lease_error}};
     }
+    out["lease"]["renewals"] = renewals;
+    out["lease"]["renewal_failures"] = renewal_failures;
     json list = json::array();
     for (const auto& v : volumes) {
       list.push_back(
@@ -557,7 +588,9 @@ struct Promoter::Impl {
                                           : format_rfc3339(std::chrono::system_clock::time_point(
                                                 std::chrono::milliseconds(v.since_unix_ms)))},
            {"held", v.held},
-           {"refused", v.refused}});
+           {"refused", v.refused},
+           {"takeovers", v.takeovers},
+           {"losses", v.losses}});
     }
     out["volumes"] = std::move(list);
     std::lock_guard lock(status_mutex);
@@ -640,6 +673,7 @@ Status Promoter::run(std::stop_token stop) {
     v.lease_file->withdraw();
     impl.stop_hook(v);
     v.held = false;
+    impl.emit(v, "lease-released", "node " + impl.options.node + " handed the volume over");
   }
   if (impl.lease_id != 0) (void)impl.etcd->revoke_lease(impl.lease_id);
   impl.update_status();

@@ -85,6 +85,7 @@ class Converter {
       process(snapshot);
       admission(snapshot);
       volumes(snapshot);
+      promoter(snapshot);
     }
     gauge("pmirror_up", "1 when the process answered its status snapshot, 0 when it failed", {},
           up ? 1 : 0);
@@ -235,6 +236,86 @@ class Converter {
     }
   }
 
+  // This node's copy's metadata (pmirrord): fenced, promoted, consistent.
+  void copy(const json& v, const Labels& labels, const std::string& where) {
+    auto it = v.find("copy");
+    if (it == v.end()) return;
+    if (!it->is_object()) {
+      error(where + ".copy is not an object");
+      return;
+    }
+    // Open by a local application, or unreadable: nothing to say of it.
+    if (it->contains("in_use_by_local_primary") || it->contains("error")) return;
+    gauge("pmirror_copy_fenced",
+          "1 when the copy is fenced against an old primary (a promotion elsewhere told it so: "
+          "it takes writes only from the new primary's lineage), else 0",
+          labels, it->contains("fence") && (*it)["fence"].is_object() ? 1 : 0);
+    for (const auto& [key, name, help] :
+         {std::tuple{"promoted", "pmirror_copy_promoted",
+                     "1 when the copy was promoted on this node (pmirrorctl promote), else 0"},
+          std::tuple{"consistent", "pmirror_copy_consistent",
+                     "0 while a resync into the copy is unfinished (mixed data), else 1"}}) {
+      auto field = it->find(key);
+      if (field == it->end()) continue;
+      if (!field->is_boolean()) {
+        error(where + ".copy." + key + " is not a boolean");
+        continue;
+      }
+      gauge(name, help, labels, field->get<bool>() ? 1 : 0);
+    }
+  }
+
+  // pmirror-promoter's status, which pmirrord adds as "promoter" when one
+  // runs on its node (failover.engine: etcd; docs/failover.md section 4).
+  void promoter(const json& snapshot) {
+    auto it = snapshot.find("promoter");
+    if (it == snapshot.end()) return;
+    if (!it->is_object()) {
+      error("promoter is not an object");
+      return;
+    }
+    if (auto lease = it->find("lease"); lease != it->end() && lease->is_object()) {
+      if (auto v = number(*lease, "renewals", "promoter.lease")) {
+        counter("pmirror_lease_renewals_total",
+                "renewals of this node's etcd lease that etcd answered", {}, *v);
+      }
+      if (auto v = number(*lease, "renewal_failures", "promoter.lease")) {
+        counter("pmirror_lease_renewal_failures_total",
+                "renewals of this node's etcd lease that failed or found it expired", {}, *v);
+      }
+      auto id = number(*lease, "id", "promoter.lease");
+      auto left = number(*lease, "deadline_in_ms", "promoter.lease");
+      gauge("pmirror_lease_deadline_seconds",
+            "seconds until the deadline at which a primary on this node stops writing unless the "
+            "lease is renewed (0 without a lease)",
+            {}, id && *id != 0 && left ? std::max(0.0, *left / 1000.0) : 0);
+    }
+    auto list = it->find("volumes");
+    if (list == it->end() || !list->is_array()) return;
+    for (const json& v : *list) {
+      if (!v.is_object()) continue;
+      auto name = text(v, "name", "promoter.volumes[]");
+      if (!name) continue;
+      Labels labels{{"volume", *name}};
+      gauge("pmirror_lease_held",
+            "1 when this node holds the volume's lease (it is the primary's node), else 0", labels,
+            v.value("held", false) ? 1 : 0);
+      Labels holder = labels;
+      holder.push_back({"holder", text(v, "holder", "promoter.volumes[]").value_or("")});
+      gauge("pmirror_lease_holder_info",
+            "constant 1, labelled with the node that holds the volume's lease (empty: nobody)",
+            holder, 1);
+      if (auto n = number(v, "takeovers", "promoter.volumes[]")) {
+        counter("pmirror_lease_takeovers_total", "times this node took the volume's lease", labels,
+                *n);
+      }
+      if (auto n = number(v, "losses", "promoter.volumes[]")) {
+        counter("pmirror_lease_losses_total", "times this node lost or gave up the volume's lease",
+                labels, *n);
+      }
+    }
+  }
+
   void volume(const json& v, const std::string& name, const std::string& role,
               const std::string& where) {
     Labels labels{{"volume", name}, {"role", role}};
@@ -268,6 +349,7 @@ class Converter {
     if (generation_is_text) info.push_back({"generation", generation_field->get<std::string>()});
     gauge("pmirror_volume_info", "constant 1, labelled with the volume's path and backing", info,
           1);
+    copy(v, labels, where);
 
     auto peers = v.find("peers");
     if (peers == v.end()) return;

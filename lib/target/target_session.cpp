@@ -338,8 +338,13 @@ class Session {
     ack.mac = auth::target_proof(peer_.secret, auth_context);
     Status sent = messenger_.send(ack);
     if (sent.ok()) sent = messenger_.wait_sends(std::chrono::seconds(5));
+    // The fence's event (pmirrorctl events): who promoted, at which
+    // generation, and whether an old primary was cut off.
+    const std::string recorded_text =
+        "fence recorded: promoted on node " + promoted_on + " at generation " + hex16(generation) +
+        (evicted ? "; the old primary's session was ended" : "; no primary was connected");
     record_.state.transition(supervisor::PeerState::kClosed,
-                             sent.ok() ? "fence recorded" : "fence recorded; " + sent.message());
+                             sent.ok() ? recorded_text : recorded_text + "; " + sent.message());
     peer_.connection->shutdown();
   }
 

@@ -14,9 +14,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -62,6 +65,53 @@ uint64_t last_acked(const std::string& out_path) {
 // Where each node's application starts writing, and its tag.
 uint64_t first_seq(const std::string& node) { return node == "a" ? 1 : node == "b" ? 1001 : 2001; }
 uint64_t tag_of(const std::string& node) { return node == "a" ? 1 : node == "b" ? 2 : 3; }
+
+// Every event published on one control socket from the subscription on
+// (pmirrorctl events reads the same stream).
+class EventRecorder {
+ public:
+  explicit EventRecorder(const std::string& socket) {
+    std::promise<void> subscribed;
+    auto ready = subscribed.get_future();
+    thread_ =
+        std::jthread([this, socket, promise = std::move(subscribed)](std::stop_token stop) mutable {
+          bool told = false;
+          (void)control::subscribe(
+              socket,
+              [this](const json& event) {
+                std::lock_guard lock(mutex_);
+                events_.push_back(event);
+                return true;
+              },
+              stop, 2s,
+              [&] {
+                promise.set_value();
+                told = true;
+              });
+          if (!told) promise.set_value();
+        });
+    ready.wait_for(5s);
+  }
+  std::vector<json> events() const {
+    std::lock_guard lock(mutex_);
+    return events_;
+  }
+  // The first event whose `key` is `value` and whose text contains `part`.
+  std::optional<json> find(const std::string& key, const std::string& value,
+                           const std::string& part = "") const {
+    for (const json& e : events()) {
+      if (e.value(key, "") != value) continue;
+      std::string text = e.value("message", "") + e.value("reason", "");
+      if (text.find(part) != std::string::npos) return e;
+    }
+    return std::nullopt;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<json> events_;
+  std::jthread thread_;  // last: stopped and joined before the events go
+};
 
 class FailoverTest : public ::testing::Test {
  protected:
@@ -198,6 +248,13 @@ TEST_F(FailoverTest, KilledPrimaryIsReplacedAndItsAcknowledgedRecordsSurvive) {
       << diagnostics();
   EXPECT_EQ(last_acked(out_of("b")), 0u);
   EXPECT_EQ(last_acked(out_of("c")), 0u);
+  // What the standbys' promoters and pmirrords announce from here on.
+  std::map<std::string, std::unique_ptr<EventRecorder>> promoter_events, daemon_events;
+  for (const char* node : {"b", "c"}) {
+    promoter_events[node] =
+        std::make_unique<EventRecorder>(dir_->file(std::string(node) + ".promoter.sock"));
+    daemon_events[node] = std::make_unique<EventRecorder>(dir_->file(std::string(node) + ".sock"));
+  }
 
   promoters_["a"]->signal(SIGKILL);
   kill_application("a", SIGKILL);
@@ -245,6 +302,35 @@ TEST_F(FailoverTest, KilledPrimaryIsReplacedAndItsAcknowledgedRecordsSurvive) {
   testing::RunResult there = cluster_->ctl(other, {"status", "v"});
   EXPECT_NE(there.out.find("  lease: held by node " + next + " since "), std::string::npos)
       << there.text();
+
+  // The events say so: the new primary's promoter took the lease and
+  // promoted (fencing the other copies), the other's saw the primary
+  // change, and the other's pmirrord recorded the fence.
+  auto took_lease = promoter_events[next]->find("event", "lease-acquired");
+  EXPECT_TRUE(took_lease.has_value()) << json(promoter_events[next]->events()).dump(2);
+  if (took_lease) {
+    EXPECT_EQ(took_lease->value("volume", ""), "v");
+    EXPECT_EQ(took_lease->value("node", ""), next);
+    EXPECT_EQ(took_lease->value("process", ""), "pmirror-promoter");
+  }
+  EXPECT_TRUE(promoter_events[next]->find("event", "promoted", other + ":fenced").has_value())
+      << json(promoter_events[next]->events()).dump(2);
+  EXPECT_TRUE(promoter_events[other]->find("event", "primary-changed", "node " + next).has_value())
+      << json(promoter_events[other]->events()).dump(2);
+  EXPECT_FALSE(promoter_events[other]->find("event", "lease-acquired").has_value());
+  ASSERT_TRUE(testing::eventually(
+      [&] {
+        return daemon_events[other]
+            ->find("to", "closed", "fence recorded: promoted on node " + next)
+            .has_value();
+      },
+      10s))
+      << json(daemon_events[other]->events()).dump(2);
+  // And the promoter's counters, which pmirrord's metrics export.
+  json status = promoter_status(next);
+  ASSERT_TRUE(status.contains("volumes")) << status.dump(2);
+  EXPECT_EQ(status["volumes"][0].value("takeovers", 0), 1) << status.dump(2);
+  EXPECT_GE(status["lease"].value("renewals", 0), 1) << status.dump(2);
 }
 
 // The seqs of the valid records with `tag` on `node`'s copy.

@@ -439,5 +439,69 @@ TEST(MetricsTest, ListensOnIpv6Loopback) {
   EXPECT_EQ((*exporter)->address(), "[::1]:" + std::to_string((*exporter)->port()));
 }
 
+// A copy's fence, promotion and consistency (pmirrord's `copy`), and the
+// node's pmirror-promoter (its status under "promoter"): who holds each
+// lease, renewals, takeovers (docs/failover.md section 4).
+TEST(MetricsTest, FencesAndLeasesAreExported) {
+  json snapshot = canned();
+  json fenced = snapshot["volumes"][0];
+  fenced["name"] = "db1";
+  fenced["role"] = "replica";
+  fenced["copy"] = {{"generation", "9f3a2b1c4d5e6f70"},
+                    {"consistent", true},
+                    {"promoted", false},
+                    {"fence",
+                     {{"generation", "12ab34cd56ef7890"},
+                      {"promoted_on", "node2"},
+                      {"since", "2026-12-04T10:00:00Z"}}}};
+  json promoted = fenced;
+  promoted["name"] = "db2";
+  promoted["copy"] = {
+      {"generation", "12ab34cd56ef7890"}, {"consistent", false}, {"promoted", true}};
+  json in_use = fenced;
+  in_use["name"] = "db3";
+  in_use["copy"] = {{"in_use_by_local_primary", true}};
+  snapshot["volumes"].push_back(fenced);
+  snapshot["volumes"].push_back(promoted);
+  snapshot["volumes"].push_back(in_use);
+  snapshot["promoter"] = {
+      {"node", "node1"},
+      {"lease", {{"id", 7}, {"deadline_in_ms", 2500}, {"renewals", 41}, {"renewal_failures", 2}}},
+      {"volumes",
+       {{{"name", "db1"}, {"holder", "node2"}, {"held", false}, {"takeovers", 0}, {"losses", 1}},
+        {{"name", "db2"}, {"holder", "node1"}, {"held", true}, {"takeovers", 3}, {"losses", 0}}}}};
+  auto s = parse(render_text(snapshot));
+  EXPECT_EQ(value(s, "pmirror_metrics_snapshot_errors_total"), 0);
+  const Labels db1{{"volume", "db1"}, {"role", "replica"}};
+  const Labels db2{{"volume", "db2"}, {"role", "replica"}};
+  EXPECT_EQ(value(s, "pmirror_copy_fenced", db1), 1);
+  EXPECT_EQ(value(s, "pmirror_copy_fenced", db2), 0);
+  EXPECT_EQ(value(s, "pmirror_copy_promoted", db1), 0);
+  EXPECT_EQ(value(s, "pmirror_copy_promoted", db2), 1);
+  EXPECT_EQ(value(s, "pmirror_copy_consistent", db1), 1);
+  EXPECT_EQ(value(s, "pmirror_copy_consistent", db2), 0);
+  // A copy open by the local application says nothing of itself.
+  EXPECT_FALSE(value(s, "pmirror_copy_fenced", {{"volume", "db3"}, {"role", "replica"}}));
+
+  EXPECT_EQ(value(s, "pmirror_lease_renewals_total"), 41);
+  EXPECT_EQ(value(s, "pmirror_lease_renewal_failures_total"), 2);
+  EXPECT_EQ(value(s, "pmirror_lease_deadline_seconds"), 2.5);
+  EXPECT_EQ(value(s, "pmirror_lease_held", {{"volume", "db1"}}), 0);
+  EXPECT_EQ(value(s, "pmirror_lease_held", {{"volume", "db2"}}), 1);
+  EXPECT_EQ(value(s, "pmirror_lease_holder_info", {{"volume", "db1"}, {"holder", "node2"}}), 1);
+  EXPECT_EQ(value(s, "pmirror_lease_takeovers_total", {{"volume", "db2"}}), 3);
+  EXPECT_EQ(value(s, "pmirror_lease_losses_total", {{"volume", "db1"}}), 1);
+
+  // Without a lease (etcd unreachable), no deadline.
+  snapshot["promoter"]["lease"] = {{"id", 0}, {"error", "etcd: timeout"}};
+  auto down = parse(render_text(snapshot));
+  EXPECT_EQ(value(down, "pmirror_lease_deadline_seconds"), 0);
+  // A broken promoter section is skipped and counted, the rest still exported.
+  snapshot["promoter"] = "garbage";
+  auto broken = parse(render_text(snapshot));
+  EXPECT_EQ(value(broken, "pmirror_metrics_snapshot_errors_total"), 1);
+  EXPECT_EQ(value(broken, "pmirror_copy_fenced", db1), 1);
+}
+
 }  // namespace
 }  // namespace pmirror::metrics
