@@ -171,6 +171,19 @@ analyzed=$(systemd-analyze verify "$promoter_unit" 2>&1) ||
   fail "systemd-analyze verify $promoter_unit: $analyzed"
 [[ -z $analyzed ]] || fail "systemd-analyze verify $promoter_unit warns: $analyzed"
 echo "systemd-analyze verify $promoter_unit: clean"
+# The Pacemaker resource agent: installed where Pacemaker looks
+# (OCF_ROOT=/usr/lib/ocf), executable, and its meta-data valid against the
+# OCF DTD when resource-agents is there to check it.
+agent=/usr/lib/ocf/resource.d/pmirror/pmirror
+dpkg -L pmirrord | grep -qx "$agent" || fail "no $agent in pmirrord"
+[[ -x $agent ]] || fail "$agent is not executable"
+metadata=$(OCF_ROOT=/usr/lib/ocf "$agent" meta-data) || fail "$agent meta-data"
+grep -q '<resource-agent name="pmirror"' <<<"$metadata" || fail "$agent meta-data: no resource-agent"
+if [[ -f /usr/share/resource-agents/ra-api-1.dtd ]] && command -v xmllint >/dev/null; then
+  (cd /usr/share/resource-agents && xmllint --noout --valid - <<<"$metadata") ||
+    fail "$agent meta-data is not valid against ra-api-1.dtd"
+fi
+echo "  ocf:pmirror:pmirror: $agent"
 for page in "pmirrorctl" "5 pmirror-cluster.yaml" "pmirror_persist" "pmirrord" "pmirror-promoter" "libpmirror" \
   "pmirror_wait" "pmirror_cfg_set_ack"; do
   # shellcheck disable=SC2086  # "5 name" is two words
