@@ -40,7 +40,7 @@ stage "build"
 stage "tests"
 (cd "$repo/build" && ctest --output-on-failure --timeout 600 -j 2)
 
-sanitizer_skip='^(InsufficientTest\.APersistWiderThanTheActivityLogArrivesWhole|FailoverTest\.FrozenPrimaryIsFencedAndComesBackAsAReplica)$'
+sanitizer_skip='^(InsufficientTest\.APersistWiderThanTheActivityLogArrivesWhole|FailoverTest\.FrozenPrimaryIsFencedAndComesBackAsAReplica|ocf_agent)$'
 
 if [[ ${PMIRROR_SKIP_ASAN:-0} != 1 ]]; then
   stage "build with ASan+UBSan"
@@ -48,8 +48,9 @@ if [[ ${PMIRROR_SKIP_ASAN:-0} != 1 ]]; then
   stage "tests under ASan+UBSan"
   # Not here (nor under TSan): tests whose time goes into one long run of
   # code that shorter tests of the pass cover (a 288 MiB persist; a
-  # primary frozen for 30 s). The release pass runs them; docs/testing.md,
-  # "Time each stage takes".
+  # primary frozen for 30 s), and the Pacemaker agent's (a shell script
+  # driving pmirrord through paths the other tests cover). The release pass
+  # runs them; docs/testing.md, "Time each stage takes".
   (cd "$repo/build-asan" && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --timeout 900 -j 2 \
     -E "$sanitizer_skip")
 fi
@@ -66,11 +67,14 @@ if [[ ${PMIRROR_SKIP_TSAN:-0} != 1 ]]; then
   tsan_status=0
   # Not here, beside the ASan pass's skips: tests with one thread of ours
   # that take minutes under TSan (pmemobj pools killed in a loop; the
-  # returning old primary's 80 s), and the etcd promoter's and client's,
+  # returning old primary's 80 s), the etcd promoter's and client's,
   # whose threads are etcd's (Go) and pmirrord's, which the other tests
-  # here cover. The other passes run them; docs/testing.md, "Time each
+  # here cover; the one-writer crash tests (a target killed at every
+  # operation in turn: hundreds of process starts, one writer thread; the
+  # several-writers ones stay), the installed-tree programs (a cmake build
+  # of two programs) and the Pacemaker agent's. The other passes run them; docs/testing.md, "Time each
   # stage takes".
-  tsan_skip='^(InsufficientTest\.APersistWiderThanTheActivityLogArrivesWhole|MetadataTest\..*SurviveSigkill|RecoveryTest\.PromotedReplicaResyncsTheReturningOldPrimary|FailoverTest\..*|EtcdClient[A-Za-z]*\..*)$'
+  tsan_skip='^(InsufficientTest\.APersistWiderThanTheActivityLogArrivesWhole|MetadataTest\..*SurviveSigkill|RecoveryTest\.PromotedReplicaResyncsTheReturningOldPrimary|FailoverTest\..*|EtcdClient[A-Za-z]*\..*|CrashTest\.(Apm|Gpspm)(Target|Async).*|CrashTest\.(BothSides|Negative|InitiatorProcess).*|external_programs_mirror_through_the_installed_tree|ocf_agent)$'
   (cd "$repo/build-tsan" &&
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 log_path=$reports/tsan suppressions=$repo/tests/sanitizers/tsan.supp" \
       ctest --output-on-failure --timeout 900 -j 2 -E "$tsan_skip") || tsan_status=$?
