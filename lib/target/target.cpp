@@ -111,8 +111,12 @@ class NewPoolRemover {
 
 // How long promote --force waits for the evicted session to let go.
 constexpr std::chrono::milliseconds kEvictWait{10000};
-// How long a fence may take per node (connect, handshake, the old primary's
-// session ending there): nodes are fenced in parallel.
+// How long a fence may take per node once connected (handshake, the old
+// primary's session ending there): nodes are fenced in parallel. Reaching
+// the node at all gets heartbeat_timeout, after which every other part of
+// pmirror calls a silent peer gone: a powered-off node (whose address the
+// neighbours still resolve, so connects are not refused but unanswered)
+// costs the promotion that, not this (docs/failover.md, section 1).
 constexpr std::chrono::milliseconds kFenceTimeout{15000};
 // How long status trusts what it last read from a copy's metadata pool
 // while nobody holds it open: reading opens the pool, which a local
@@ -560,7 +564,8 @@ Result<PromoteResult> Target::promote(const std::string& volume_name, bool force
   }
   auto fence = [&](uint64_t generation) {
     return fence_peers(impl.config.cluster, peers, volume_name, impl.config.node, secret,
-                       generation, kFenceTimeout);
+                       generation, std::min(impl.config.heartbeat_timeout, kFenceTimeout),
+                       kFenceTimeout);
   };
   // promote --force with the old primary connected here: fence the other
   // copies first, with the generation this copy is about to take, and end

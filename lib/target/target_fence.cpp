@@ -14,9 +14,10 @@ namespace pmirror::target {
 
 Result<uint32_t> send_fence(const config::NodeConfig& target, const std::string& volume,
                             const std::string& self, const std::string& secret, uint64_t generation,
+                            std::chrono::milliseconds connect_timeout,
                             std::chrono::milliseconds timeout) {
   transport::ConnectionOptions options;
-  options.connect_timeout = timeout;
+  options.connect_timeout = connect_timeout;
   options.poll_mode = transport::PollMode::kEvent;  // one short exchange: nothing to spin for
   PMIRROR_ASSIGN_OR_RETURN(
       auto connection, transport::connect(target.transport, target.address, target.port, options));
@@ -59,6 +60,7 @@ std::vector<FenceOutcome> fence_peers(const config::ClusterConfig& cluster,
                                       const std::vector<std::string>& peers,
                                       const std::string& volume, const std::string& self,
                                       const std::string& secret, uint64_t generation,
+                                      std::chrono::milliseconds connect_timeout,
                                       std::chrono::milliseconds timeout) {
   std::vector<FenceOutcome> outcomes;
   for (const std::string& peer : peers) {
@@ -73,7 +75,7 @@ std::vector<FenceOutcome> fence_peers(const config::ClusterConfig& cluster,
       Result<uint32_t> fenced =
           node == nullptr
               ? Result<uint32_t>(Status(Errc::kNotFound, "not a node of the cluster file"))
-              : send_fence(*node, volume, self, secret, generation, timeout);
+              : send_fence(*node, volume, self, secret, generation, connect_timeout, timeout);
       if (fenced.ok()) {
         outcome.fenced = true;
         outcome.sessions_ended = *fenced;

@@ -153,14 +153,17 @@ std::string hex16(uint64_t value);
 // The fence (docs/failover.md): tells node `target` that `volume`, promoted
 // on node `self` (this one), now takes writes only from a primary that
 // descends from `generation`. Returns the writer sessions it ended there.
+// `connect_timeout` to reach it, `timeout` for each answer once connected.
 Result<uint32_t> send_fence(const config::NodeConfig& target, const std::string& volume,
                             const std::string& self, const std::string& secret, uint64_t generation,
+                            std::chrono::milliseconds connect_timeout,
                             std::chrono::milliseconds timeout);
-// send_fence to every node in `peers` but `self`, one after the other.
+// send_fence to every node in `peers` but `self`, all at once.
 std::vector<FenceOutcome> fence_peers(const config::ClusterConfig& cluster,
                                       const std::vector<std::string>& peers,
                                       const std::string& volume, const std::string& self,
                                       const std::string& secret, uint64_t generation,
+                                      std::chrono::milliseconds connect_timeout,
                                       std::chrono::milliseconds timeout);
 
 // Writes a volume's published progress to the state pool if it moved.
