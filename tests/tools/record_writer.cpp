@@ -21,6 +21,11 @@
 //     reads the copy through a mapping (devdax too), prints a summary and
 //     the rules of check_acknowledged that broke; exit 0 if none did.
 //     Without --acked: only the summary (exit 0).
+//     --last L (instead of --acked): only that records first..L are valid
+//     (with --tag), whatever else the copy holds (check_present: another
+//     writer's records elsewhere are no fault); with --absent, that they
+//     are all empty (check_absent). For scripts where a second writer took
+//     over (scripts/pacemaker-cluster.sh).
 //
 //   pmirror-record-writer chunks --size S [--record-size 4096] --from A --to B --chunk C
 //     prints how many distinct chunks records A..B touch.
@@ -243,7 +248,7 @@ int run_write(const WriteArgs& a) {
 }
 
 int run_check(const std::string& path, uint64_t size, uint64_t record_size, int64_t acked,
-              uint64_t first, uint64_t window, uint64_t tag) {
+              uint64_t first, uint64_t window, uint64_t tag, uint64_t last, bool absent) {
   auto region = pmirror::region::Region::open({path, size, false});
   if (!region.ok()) {
     std::fprintf(stderr, "%s\n", region.status().to_string().c_str());
@@ -253,6 +258,17 @@ int run_check(const std::string& path, uint64_t size, uint64_t record_size, int6
   auto scan =
       pmirror::testing::scan_records(reinterpret_cast<const uint8_t*>((*region)->data()), layout);
   say(path + ": " + scan.summary());
+  if (last != 0) {
+    std::string problems = absent ? pmirror::testing::check_absent(scan, first, last)
+                                  : pmirror::testing::check_present(scan, first, last, tag);
+    std::string range = std::to_string(first) + ".." + std::to_string(last);
+    if (problems.empty()) {
+      say("OK: records " + range + (absent ? " absent" : " intact"));
+      return 0;
+    }
+    say("FAILED: " + problems);
+    return 1;
+  }
   if (acked < 0) return 0;
   std::string problems =
       pmirror::testing::check_acknowledged(scan, first, static_cast<uint64_t>(acked), window, tag);
@@ -345,7 +361,8 @@ int main(int argc, char** argv) {
 
   std::string path, size = "0", record_size = "4096", field, peer, volume, role = "primary";
   int64_t acked = -1;
-  uint64_t first = 1, window = 1, tag = 0, from = 1, to = 0;
+  uint64_t first = 1, window = 1, tag = 0, from = 1, to = 0, last = 0;
+  bool absent = false;
   std::string chunk = "64KiB";
   auto* check = app.add_subcommand("check", "check the records of a copy");
   check->add_option("--path", path, "the copy")->required();
@@ -355,6 +372,9 @@ int main(int argc, char** argv) {
   check->add_option("--first", first, "first record of the run (default 1)");
   check->add_option("--window", window, "persists in flight beyond --acked (default 1)");
   check->add_option("--tag", tag, "expected tag (0: any)");
+  check->add_option("--last", last,
+                    "only check that records --first..--last are intact (not with --acked)");
+  check->add_flag("--absent", absent, "with --last: that records --first..--last are empty");
 
   auto* chunks = app.add_subcommand("chunks", "count the chunks records touch");
   chunks->add_option("--size", size, "volume size")->required();
@@ -373,7 +393,7 @@ int main(int argc, char** argv) {
   if (*write) return run_write(w);
   if (*check) {
     return run_check(path, size_arg(size, "--size"), size_arg(record_size, "--record-size"), acked,
-                     first, window, tag);
+                     first, window, tag, last, absent);
   }
   if (*chunks) {
     RecordLayout layout(size_arg(size, "--size"), size_arg(record_size, "--record-size"));
