@@ -17,7 +17,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=${PMIRROR_PACKAGE_DIR:-$repo/build-package}
-packages=(pmirrord libpmirror0 libpmirror-dev)
+packages=(pmirrord libpmirror0 libpmirror-dev pmirror-run)
 
 step() { echo "== package: $*"; }
 fail() {

@@ -120,6 +120,11 @@ struct VolumeOptions {
   // How long open() waits for replicas that need an initial or catch-up
   // resync before `ack` of them are in sync.
   std::chrono::milliseconds open_sync_timeout{600000};
+  // The application persists the local copy itself, through its own
+  // mapping of the same file, before each persist() (pmirror-run's libpmem
+  // interposer: the real pmem_persist / pmem_msync already did it):
+  // persist() then only mirrors the range, instead of flushing it again.
+  bool local_persisted_by_caller = false;
 };
 
 // One replica's comparison by verify().
@@ -188,6 +193,11 @@ class PMIRROR_EXPORT Volume {
                                                           const std::string& volume,
                                                           const std::string& identity,
                                                           const std::string& node = "");
+  // The same, with `adjust` applied to the options the file gives before
+  // the volume is opened (e.g. local_persisted_by_caller).
+  static Result<std::unique_ptr<Volume>> open_from_config(
+      const std::string& config_path, const std::string& volume, const std::string& identity,
+      const std::string& node, const std::function<void(VolumeOptions&)>& adjust);
   ~Volume();  // drains, says Goodbye, disconnects
   Volume(const Volume&) = delete;
   Volume& operator=(const Volume&) = delete;

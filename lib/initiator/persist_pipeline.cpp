@@ -184,9 +184,12 @@ Result<uint64_t> PersistPipeline::start_piece(std::unique_lock<std::mutex>& lock
       peers_.start_lagging(*peer, posted);
     }
   }
-  // The local copy is persisted while the replicas work.
-  Status local_persist = core_.local->persist(offset, length);
-  if (!local_persist.ok()) return local_persist.with_context("local copy");
+  // The local copy is persisted while the replicas work (unless the
+  // application did it already: pmirror-run's interposer).
+  if (!core_.options.local_persisted_by_caller) {
+    Status local_persist = core_.local->persist(offset, length);
+    if (!local_persist.ok()) return local_persist.with_context("local copy");
+  }
   return sequence;
 }
 

@@ -292,6 +292,12 @@ Result<std::unique_ptr<Volume>> Volume::open_from_config(const std::string& conf
                                                          const std::string& volume,
                                                          const std::string& identity,
                                                          const std::string& node) {
+  return open_from_config(config_path, volume, identity, node, {});
+}
+
+Result<std::unique_ptr<Volume>> Volume::open_from_config(
+    const std::string& config_path, const std::string& volume, const std::string& identity,
+    const std::string& node, const std::function<void(VolumeOptions&)>& adjust) {
   PMIRROR_ASSIGN_OR_RETURN(auto cluster, config::load_cluster_config(config_path));
   PMIRROR_ASSIGN_OR_RETURN(std::string self, config::resolve_node(cluster, node));
   PMIRROR_ASSIGN_OR_RETURN(auto plan, config::initiator_plan(cluster, volume, self));
@@ -330,6 +336,7 @@ Result<std::unique_ptr<Volume>> Volume::open_from_config(const std::string& conf
                                 std::string(transport::kind_name(replica.transport)), plan.secret,
                                 replica.node});
   }
+  if (adjust) adjust(options);
   return Impl::open(options, OpenContext{plan.lease_file, plan.node});
 }
 

@@ -19,6 +19,7 @@ cxx_api=(
   'pmirror::Volume::~Volume()'
   'pmirror::Volume::open(pmirror::VolumeOptions const&)'
   'pmirror::Volume::open_from_config(std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > const&, std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > const&, std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > const&, std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > const&)'
+  'pmirror::Volume::open_from_config(std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > const&, std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > const&, std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > const&, std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > const&, std::function<void (pmirror::VolumeOptions&)> const&)'
   'pmirror::Volume::data() const'
   'pmirror::Volume::size() const'
   'pmirror::Volume::is_pmem() const'

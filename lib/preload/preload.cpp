@@ -1,0 +1,488 @@
+// libpmirror-preload: what pmirror-run preloads into an unmodified PMDK
+// program (docs/pmdk.md). It defines libpmem's persistence functions with
+// libpmem's symbol version, so that libpmemobj, libpmemlog and libpmemblk
+// bind to them; each forwards to the real libpmem first, then mirrors the
+// ranges that fall inside the volume's local copy through libpmirror:
+// flushes are recorded per thread and mirrored as one group at the next
+// drain; persist and msync mirror at once. It also wraps mmap and munmap,
+// to learn where the program mapped the local copy (whatever address it
+// chose). Ranges elsewhere pass through untouched.
+//
+// Loaded without pmirror-run's variables, it only forwards.
+#include <dlfcn.h>
+#include <libpmem.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <pmirror/pmirror.hpp>
+#include <string>
+
+#define PMIRROR_PRELOAD_API extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+// ---- the real libpmem ---------------------------------------------------------
+
+struct RealLibpmem {
+  void (*persist)(const void*, size_t) = nullptr;
+  void (*flush)(const void*, size_t) = nullptr;
+  void (*drain)() = nullptr;
+  int (*msync)(const void*, size_t) = nullptr;
+  void (*deep_flush)(const void*, size_t) = nullptr;
+  int (*deep_drain)(const void*, size_t) = nullptr;
+  int (*deep_persist)(const void*, size_t) = nullptr;
+  void* (*memcpy)(void*, const void*, size_t, unsigned) = nullptr;
+  void* (*memmove)(void*, const void*, size_t, unsigned) = nullptr;
+  void* (*memset)(void*, int, size_t, unsigned) = nullptr;
+  void* (*memcpy_persist)(void*, const void*, size_t) = nullptr;
+  void* (*memmove_persist)(void*, const void*, size_t) = nullptr;
+  void* (*memset_persist)(void*, int, size_t) = nullptr;
+  void* (*memcpy_nodrain)(void*, const void*, size_t) = nullptr;
+  void* (*memmove_nodrain)(void*, const void*, size_t) = nullptr;
+  void* (*memset_nodrain)(void*, int, size_t) = nullptr;
+};
+
+template <typename F>
+void resolve(F& slot, const char* name) {
+  // The next definition after ours: libpmem's (a dependency of libpmirror
+  // when the program does not link it itself).
+  void* found = dlvsym(RTLD_NEXT, name, "LIBPMEM_1.0");
+  if (found == nullptr) found = dlsym(RTLD_NEXT, name);
+  if (found == nullptr) {
+    std::fprintf(stderr, "pmirror-run: libpmem's %s not found: %s\n", name, dlerror());
+    std::abort();
+  }
+  slot = reinterpret_cast<F>(found);
+}
+
+const RealLibpmem& real() {
+  static const RealLibpmem functions = [] {
+    RealLibpmem r;
+    resolve(r.persist, "pmem_persist");
+    resolve(r.flush, "pmem_flush");
+    resolve(r.drain, "pmem_drain");
+    resolve(r.msync, "pmem_msync");
+    resolve(r.deep_flush, "pmem_deep_flush");
+    resolve(r.deep_drain, "pmem_deep_drain");
+    resolve(r.deep_persist, "pmem_deep_persist");
+    resolve(r.memcpy, "pmem_memcpy");
+    resolve(r.memmove, "pmem_memmove");
+    resolve(r.memset, "pmem_memset");
+    resolve(r.memcpy_persist, "pmem_memcpy_persist");
+    resolve(r.memmove_persist, "pmem_memmove_persist");
+    resolve(r.memset_persist, "pmem_memset_persist");
+    resolve(r.memcpy_nodrain, "pmem_memcpy_nodrain");
+    resolve(r.memmove_nodrain, "pmem_memmove_nodrain");
+    resolve(r.memset_nodrain, "pmem_memset_nodrain");
+    return r;
+  }();
+  return functions;
+}
+
+// ---- where the program mapped the local copy ----------------------------------
+
+// A few mappings at most (a pool is mapped once; a poolset part per
+// mapping): an array read without a lock. Writers (mmap, munmap) hold
+// g_mappings_mutex; a reader sees `begin` last (release/acquire).
+constexpr int kMaxMappings = 16;
+struct Mapping {
+  std::atomic<uintptr_t> begin{0};  // 0: free slot
+  std::atomic<uintptr_t> end{0};
+  std::atomic<uint64_t> offset{0};  // the file offset at `begin`
+};
+Mapping g_mappings[kMaxMappings];
+std::atomic<int> g_mapping_slots{0};  // slots in use are below this
+std::mutex g_mappings_mutex;
+
+// The local copy, as fstat names it.
+struct FileIdentity {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  dev_t rdev = 0;  // devdax: the character device
+  bool is_device = false;
+};
+FileIdentity g_copy;
+std::atomic<bool> g_watching{false};  // the volume is open: mappings are noted
+std::unique_ptr<pmirror::Volume> g_volume;
+uint64_t g_volume_size = 0;
+std::string g_volume_name;
+bool g_forked_child = false;  // a fork's child: its parent's volume is not its own
+
+// A call made by pmirror itself (libpmirror opening, mapping or persisting
+// its own files): passed through. Initial-exec TLS: this library is loaded
+// at start (LD_PRELOAD), so a plain load, no __tls_get_addr.
+__attribute__((tls_model("initial-exec"))) thread_local bool t_inside = false;
+
+bool same_file(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return false;
+  if (g_copy.is_device) return S_ISCHR(st.st_mode) && st.st_rdev == g_copy.rdev;
+  return S_ISREG(st.st_mode) && st.st_dev == g_copy.dev && st.st_ino == g_copy.ino;
+}
+
+void note_mapping(void* addr, size_t length, int fd, off_t offset) {
+  if (!g_watching.load(std::memory_order_acquire) || t_inside || g_forked_child) return;
+  if (!same_file(fd)) return;
+  std::lock_guard lock(g_mappings_mutex);
+  for (int i = 0; i < kMaxMappings; ++i) {
+    Mapping& m = g_mappings[i];
+    if (m.begin.load(std::memory_order_relaxed) != 0) continue;
+    m.end.store(reinterpret_cast<uintptr_t>(addr) + length, std::memory_order_relaxed);
+    m.offset.store(static_cast<uint64_t>(offset), std::memory_order_relaxed);
+    m.begin.store(reinterpret_cast<uintptr_t>(addr), std::memory_order_release);
+    if (i + 1 > g_mapping_slots.load(std::memory_order_relaxed)) {
+      g_mapping_slots.store(i + 1, std::memory_order_release);
+    }
+    return;
+  }
+  std::fprintf(stderr,
+               "pmirror-run: volume '%s': more than %d mappings of its local copy; stopping "
+               "rather than leave one unmirrored\n",
+               g_volume_name.c_str(), kMaxMappings);
+  std::abort();
+}
+
+// munmap of [addr, addr + length): forget what it covers, keep the rest of
+// a mapping it cuts at one end (PMDK unmaps whole pools; a hole in the
+// middle keeps the lower part and a new slot for the upper one).
+void forget_mapping(void* addr, size_t length) {
+  if (g_mapping_slots.load(std::memory_order_acquire) == 0) return;
+  const uintptr_t cut_begin = reinterpret_cast<uintptr_t>(addr);
+  const uintptr_t cut_end = cut_begin + length;
+  std::lock_guard lock(g_mappings_mutex);
+  for (int i = 0; i < kMaxMappings; ++i) {
+    Mapping& m = g_mappings[i];
+    const uintptr_t begin = m.begin.load(std::memory_order_relaxed);
+    const uintptr_t end = m.end.load(std::memory_order_relaxed);
+    if (begin == 0 || cut_end <= begin || cut_begin >= end) continue;
+    const uint64_t offset = m.offset.load(std::memory_order_relaxed);
+    m.begin.store(0, std::memory_order_release);
+    if (cut_begin > begin) {  // the lower part stays
+      m.end.store(cut_begin, std::memory_order_relaxed);
+      m.begin.store(begin, std::memory_order_release);
+    }
+    if (cut_end < end) {  // the upper part stays
+      for (int j = 0; j < kMaxMappings; ++j) {
+        Mapping& upper = g_mappings[j];
+        if (upper.begin.load(std::memory_order_relaxed) != 0) continue;
+        upper.end.store(end, std::memory_order_relaxed);
+        upper.offset.store(offset + (cut_end - begin), std::memory_order_relaxed);
+        upper.begin.store(cut_end, std::memory_order_release);
+        if (j + 1 > g_mapping_slots.load(std::memory_order_relaxed)) {
+          g_mapping_slots.store(j + 1, std::memory_order_release);
+        }
+        break;
+      }
+    }
+  }
+}
+
+// ---- the ranges of this thread ----------------------------------------------------
+
+// Flushed since this thread's last drain, as volume offsets; adjacent
+// ranges merged. Full, it is mirrored at once (which only makes data
+// durable earlier than the drain promised).
+constexpr int kMaxPending = 64;
+struct PendingGroup {
+  uint64_t offset[kMaxPending];
+  uint64_t length[kMaxPending];
+  int count;
+};
+__attribute__((tls_model("initial-exec"))) thread_local PendingGroup t_pending{};
+
+[[noreturn]] void stop_program(const pmirror::Status& why) {
+  std::fprintf(stderr,
+               "pmirror-run: volume '%s': a persist could not be mirrored: %s. Stopping the "
+               "program: libpmem's drain has no error return, and going on would let it take "
+               "data that is not on the replicas as durable (docs/pmdk.md)\n",
+               g_volume_name.c_str(), why.to_string().c_str());
+  std::abort();
+}
+
+void mirror_pending() {
+  PendingGroup& group = t_pending;
+  if (group.count == 0) return;
+  t_inside = true;
+  uint64_t last = 0;
+  for (int i = 0; i < group.count; ++i) {
+    auto started = g_volume->persist_async(group.offset[i], group.length[i]);
+    if (!started.ok()) stop_program(started.status());
+    last = *started;
+  }
+  group.count = 0;
+  pmirror::Status done = g_volume->wait(last);
+  t_inside = false;
+  if (!done.ok()) stop_program(done);
+}
+
+// Records [addr, addr + length) if it lies in a mapping of the local copy.
+// The hot path of every call: a few comparisons when it does not.
+void record(const void* addr, size_t length) {
+  if (length == 0 || t_inside || g_forked_child) return;
+  const int slots = g_mapping_slots.load(std::memory_order_acquire);
+  const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  for (int i = 0; i < slots; ++i) {
+    const Mapping& m = g_mappings[i];
+    const uintptr_t begin = m.begin.load(std::memory_order_acquire);
+    if (begin == 0 || a < begin) continue;
+    const uintptr_t end = m.end.load(std::memory_order_relaxed);
+    if (a >= end) continue;
+    uint64_t offset = m.offset.load(std::memory_order_relaxed) + (a - begin);
+    uint64_t len = std::min<uint64_t>(length, end - a);
+    if (offset >= g_volume_size) return;  // beyond the volume: not mirrored
+    len = std::min(len, g_volume_size - offset);
+    PendingGroup& group = t_pending;
+    if (group.count > 0) {
+      uint64_t& last_offset = group.offset[group.count - 1];
+      uint64_t& last_length = group.length[group.count - 1];
+      if (offset >= last_offset && offset <= last_offset + last_length) {
+        last_length = std::max(last_length, offset + len - last_offset);
+        return;
+      }
+    }
+    if (group.count == kMaxPending) mirror_pending();
+    group.offset[group.count] = offset;
+    group.length[group.count] = len;
+    ++group.count;
+    return;
+  }
+}
+
+bool mirroring() { return g_volume != nullptr && !t_inside && !g_forked_child; }
+
+void drain_here() {
+  if (mirroring()) mirror_pending();
+}
+
+// ---- start and end ----------------------------------------------------------------
+
+std::string take_env(const char* name) {
+  const char* value = std::getenv(name);
+  std::string out = value != nullptr ? value : "";
+  ::unsetenv(name);
+  return out;
+}
+
+// The program's children run plain: our variables go, and so does this
+// library from LD_PRELOAD.
+void leave_children_alone() {
+  const char* preload = std::getenv("LD_PRELOAD");
+  if (preload == nullptr) return;
+  std::string kept, list = preload;
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t end = list.find_first_of(": ", start);
+    if (end == std::string::npos) end = list.size();
+    std::string entry = list.substr(start, end - start);
+    if (!entry.empty() && entry.find("libpmirror-preload") == std::string::npos) {
+      kept += (kept.empty() ? "" : ":") + entry;
+    }
+    start = end + 1;
+  }
+  if (kept.empty()) {
+    ::unsetenv("LD_PRELOAD");
+  } else {
+    ::setenv("LD_PRELOAD", kept.c_str(), 1);
+  }
+}
+
+__attribute__((constructor)) void start_mirroring() {
+  (void)real();
+  std::string config = take_env("PMIRROR_RUN_CONFIG");
+  std::string volume = take_env("PMIRROR_RUN_VOLUME");
+  std::string node = take_env("PMIRROR_RUN_NODE");
+  std::string identity = take_env("PMIRROR_RUN_IDENTITY");
+  std::string path = take_env("PMIRROR_RUN_PATH");
+  std::string log_level = take_env("PMIRROR_RUN_LOG_LEVEL");
+  leave_children_alone();
+  if (config.empty() || volume.empty()) return;  // not under pmirror-run: forward only
+  g_volume_name = volume;
+  pmirror::set_log_threshold(log_level == "debug"  ? pmirror::LogLevel::kDebug
+                             : log_level == "info" ? pmirror::LogLevel::kInfo
+                                                   : pmirror::LogLevel::kWarn);
+  pthread_atfork(nullptr, nullptr, [] { g_forked_child = true; });
+
+  t_inside = true;
+  auto opened = pmirror::Volume::open_from_config(
+      config, volume, identity, node,
+      [](pmirror::VolumeOptions& options) { options.local_persisted_by_caller = true; });
+  t_inside = false;
+  if (!opened.ok()) {
+    std::fprintf(stderr, "pmirror-run: cannot mirror volume '%s': %s\n", volume.c_str(),
+                 opened.status().to_string().c_str());
+    std::_Exit(70);
+  }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    std::fprintf(stderr, "pmirror-run: volume '%s': cannot stat its local copy %s: %s\n",
+                 volume.c_str(), path.c_str(), std::strerror(errno));
+    std::_Exit(70);
+  }
+  g_copy = FileIdentity{st.st_dev, st.st_ino, st.st_rdev, S_ISCHR(st.st_mode)};
+  g_volume_size = (*opened)->size();
+  g_volume = std::move(*opened);
+  g_watching.store(true, std::memory_order_release);
+}
+
+// At exit: what was persisted is on the replicas already; closing says
+// goodbye to them and marks the copy clean.
+__attribute__((destructor)) void stop_mirroring() {
+  if (g_volume == nullptr || g_forked_child) return;
+  g_watching.store(false, std::memory_order_release);
+  t_inside = true;
+  g_volume.reset();
+}
+
+}  // namespace
+
+// ---- the interposed functions ------------------------------------------------------
+
+PMIRROR_PRELOAD_API void* mmap(void* addr, size_t length, int prot, int flags, int fd,
+                               off_t offset) noexcept {
+  void* mapped =
+      reinterpret_cast<void*>(::syscall(SYS_mmap, addr, length, prot, flags, fd, offset));
+  if (mapped != MAP_FAILED && fd >= 0 && (flags & MAP_SHARED) != 0) {
+    note_mapping(mapped, length, fd, offset);
+  }
+  return mapped;
+}
+
+PMIRROR_PRELOAD_API void* mmap64(void* addr, size_t length, int prot, int flags, int fd,
+                                 off_t offset) noexcept {
+  return mmap(addr, length, prot, flags, fd, offset);
+}
+
+PMIRROR_PRELOAD_API int munmap(void* addr, size_t length) noexcept {
+  int rc = static_cast<int>(::syscall(SYS_munmap, addr, length));
+  if (rc == 0) forget_mapping(addr, length);
+  return rc;
+}
+
+PMIRROR_PRELOAD_API void pmem_persist(const void* addr, size_t len) {
+  real().persist(addr, len);
+  if (!mirroring()) return;
+  record(addr, len);
+  mirror_pending();
+}
+
+PMIRROR_PRELOAD_API int pmem_msync(const void* addr, size_t len) {
+  int rc = real().msync(addr, len);
+  if (rc != 0 || !mirroring()) return rc;
+  record(addr, len);
+  mirror_pending();
+  return rc;
+}
+
+PMIRROR_PRELOAD_API void pmem_flush(const void* addr, size_t len) {
+  real().flush(addr, len);
+  if (mirroring()) record(addr, len);
+}
+
+PMIRROR_PRELOAD_API void pmem_drain(void) {
+  real().drain();
+  drain_here();
+}
+
+PMIRROR_PRELOAD_API void pmem_deep_flush(const void* addr, size_t len) {
+  real().deep_flush(addr, len);
+  if (mirroring()) record(addr, len);
+}
+
+PMIRROR_PRELOAD_API int pmem_deep_drain(const void* addr, size_t len) {
+  int rc = real().deep_drain(addr, len);
+  if (rc != 0 || !mirroring()) return rc;
+  record(addr, len);
+  mirror_pending();
+  return rc;
+}
+
+PMIRROR_PRELOAD_API int pmem_deep_persist(const void* addr, size_t len) {
+  int rc = real().deep_persist(addr, len);
+  if (rc != 0 || !mirroring()) return rc;
+  record(addr, len);
+  mirror_pending();
+  return rc;
+}
+
+namespace {
+// pmem_memcpy and friends with flags: NOFLUSH leaves nothing durable (a
+// later flush records it); NODRAIN records; otherwise the range is drained.
+void after_mem(void* dest, size_t len, unsigned flags) {
+  if (!mirroring() || (flags & PMEM_F_MEM_NOFLUSH) != 0) return;
+  record(dest, len);
+  if ((flags & PMEM_F_MEM_NODRAIN) == 0) mirror_pending();
+}
+void after_mem_persist(void* dest, size_t len) {
+  if (!mirroring()) return;
+  record(dest, len);
+  mirror_pending();
+}
+void after_mem_nodrain(void* dest, size_t len) {
+  if (mirroring()) record(dest, len);
+}
+}  // namespace
+
+PMIRROR_PRELOAD_API void* pmem_memcpy(void* dest, const void* src, size_t len, unsigned flags) {
+  void* out = real().memcpy(dest, src, len, flags);
+  after_mem(dest, len, flags);
+  return out;
+}
+
+PMIRROR_PRELOAD_API void* pmem_memmove(void* dest, const void* src, size_t len, unsigned flags) {
+  void* out = real().memmove(dest, src, len, flags);
+  after_mem(dest, len, flags);
+  return out;
+}
+
+PMIRROR_PRELOAD_API void* pmem_memset(void* dest, int c, size_t len, unsigned flags) {
+  void* out = real().memset(dest, c, len, flags);
+  after_mem(dest, len, flags);
+  return out;
+}
+
+PMIRROR_PRELOAD_API void* pmem_memcpy_persist(void* dest, const void* src, size_t len) {
+  void* out = real().memcpy_persist(dest, src, len);
+  after_mem_persist(dest, len);
+  return out;
+}
+
+PMIRROR_PRELOAD_API void* pmem_memmove_persist(void* dest, const void* src, size_t len) {
+  void* out = real().memmove_persist(dest, src, len);
+  after_mem_persist(dest, len);
+  return out;
+}
+
+PMIRROR_PRELOAD_API void* pmem_memset_persist(void* dest, int c, size_t len) {
+  void* out = real().memset_persist(dest, c, len);
+  after_mem_persist(dest, len);
+  return out;
+}
+
+PMIRROR_PRELOAD_API void* pmem_memcpy_nodrain(void* dest, const void* src, size_t len) {
+  void* out = real().memcpy_nodrain(dest, src, len);
+  after_mem_nodrain(dest, len);
+  return out;
+}
+
+PMIRROR_PRELOAD_API void* pmem_memmove_nodrain(void* dest, const void* src, size_t len) {
+  void* out = real().memmove_nodrain(dest, src, len);
+  after_mem_nodrain(dest, len);
+  return out;
+}
+
+PMIRROR_PRELOAD_API void* pmem_memset_nodrain(void* dest, int c, size_t len) {
+  void* out = real().memset_nodrain(dest, c, len);
+  after_mem_nodrain(dest, len);
+  return out;
+}

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# pmirror-run over tcp on this machine (docs/pmdk.md): a libpmemobj program
+# built with no reference to pmirror (examples/02-pmemobj-counters) runs
+# under pmirror-run against a pmirrord; after it exits, a copy of the
+# replica's file passes `pmempool check` and libpmemobj opens it and finds
+# every transaction the program logged as committed. Then: a second run
+# goes on from there, the plain program is untouched by pmirror, and
+# pmirror-run refuses what it cannot mirror (a pool of the wrong size, no
+# replica reachable) before the program writes anything unmirrored.
+#
+# usage: pmirror_run_test.sh PMIRROR_RUN PMIRRORD COUNTERS
+set -uo pipefail
+run=$1 pmirrord=$2 counters=$3
+command -v pmempool >/dev/null || { echo "SKIP: pmempool (pmdk-tools) is not installed" >&2; exit 77; }
+
+work=$(mktemp -d /tmp/pmirror-run-test.XXXXXX)
+daemon_pid=
+cleanup() {
+  [[ -n $daemon_pid ]] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+failures=0
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+
+port=$((20000 + RANDOM % 20000))
+head -c 32 /dev/urandom | base64 >"$work/v.secret"
+chmod 600 "$work/v.secret"
+cat >"$work/cluster.yaml" <<YAML
+daemon:
+  control_socket: $work/pmirrord.sock
+  state_pool: $work/pmirrord.state
+nodes:
+  - name: app
+    address: 127.0.0.1
+    port: $((port + 1))
+    state_pool: $work/app.state
+    control_socket: $work/app.sock
+  - name: store
+    address: 127.0.0.1
+    port: $port
+    transport: tcp
+volumes:
+  - name: v
+    size: 16MiB
+    primary: app
+    replicas: [store]
+    paths: {app: $work/pool, store: $work/replica.img}
+    create: true
+    allowed_peers: [app1]
+    secret_file: $work/v.secret
+YAML
+export PMIRROR_RUNTIME_DIR=$work
+
+start_daemon() {
+  "$pmirrord" --config "$work/cluster.yaml" --node store --foreground >>"$work/pmirrord.log" 2>&1 &
+  daemon_pid=$!
+  for _ in $(seq 100); do
+    [[ -S $work/pmirrord.sock ]] && break
+    sleep 0.1
+  done
+}
+stop_daemon() {
+  kill "$daemon_pid"; wait "$daemon_pid" 2>/dev/null; daemon_pid=
+}
+# The replica as a fresh file (libpmemobj's recovery writes to what it
+# opens), checked by pmempool and by the program's own checker.
+check_replica() { # $1: transactions expected at least
+  cp --sparse=always "$work/replica.img" "$work/replica-copy"
+  local out
+  out=$(pmempool check "$work/replica-copy" 2>&1) || fail "pmempool check of the replica: $out"
+  out=$("$counters" check "$work/replica-copy" "$work/log" 2>&1) ||
+    fail "the replica's pool: $out"
+  [[ $out == "transactions $1 "* ]] || fail "the replica holds '$out', expected $1 transactions"
+  echo "replica: $out"
+}
+
+start_daemon
+echo "== 300 transactions under pmirror-run (the pool is created on the volume's zero-filled copy)"
+"$run" --config "$work/cluster.yaml" --volume v --node app -- \
+  "$counters" run "$work/pool" "$work/log" 300 >"$work/run1.out" 2>&1 ||
+  { cat "$work/run1.out"; fail "the first run under pmirror-run"; }
+check_replica 300
+
+echo "== 200 more: the program opens its pool again, mirrored from where it was"
+"$run" --config "$work/cluster.yaml" --volume v --node app -- \
+  "$counters" run "$work/pool" "$work/log" 200 >"$work/run2.out" 2>&1 ||
+  { cat "$work/run2.out"; fail "the second run under pmirror-run"; }
+check_replica 500
+grep -q '^transactions 500$' "$work/run2.out" || fail "the program counted $(cat "$work/run2.out")"
+
+echo "== the same program, plain: pmirror is not involved"
+"$counters" run "$work/plain.pool" "$work/plain.log" 50 >/dev/null ||
+  fail "the plain run"
+"$counters" check "$work/plain.pool" "$work/plain.log" >/dev/null || fail "the plain pool"
+
+echo "== refused before the program runs"
+truncate -s 8M "$work/small.pool"
+sed "s|$work/pool|$work/small.pool|" "$work/cluster.yaml" >"$work/small.yaml"
+out=$("$run" --config "$work/small.yaml" --volume v --node app -- "$counters" run \
+  "$work/small.pool" "$work/small.log" 1 2>&1)
+rc=$?
+[[ $rc -eq 78 && $out == *"is 8388608 bytes, the volume 16777216"* ]] ||
+  fail "a pool of the wrong size: exit $rc: $out"
+[[ ! -e $work/small.log ]] || fail "the program ran on a pool of the wrong size"
+stop_daemon
+out=$("$run" --config "$work/cluster.yaml" --volume v --node app -- "$counters" run \
+  "$work/pool" "$work/log2" 1 2>&1)
+rc=$?
+[[ $rc -eq 70 && $out == *"cannot mirror volume 'v'"* ]] ||
+  fail "no replica reachable: exit $rc: $out"
+[[ ! -e $work/log2 ]] || fail "the program ran with no replica to mirror to"
+
+if ((failures)); then
+  echo "--- pmirrord.log"; tail -30 "$work/pmirrord.log"
+  echo "$failures failure(s)" >&2
+  exit 1
+fi
+echo OK
