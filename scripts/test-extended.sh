@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Everything scripts/test.sh runs (what CI runs), plus what does not fit
-# CI's time budget: fuzzing each harness for 60 s. Run it before resolving
-# an issue that touches the protocol, the config or the control parsers.
+# CI's time budget: fuzzing each harness for 60 s, pmirror-run killed 20
+# times, a three-node Pacemaker cluster losing its primary. Run it before
+# resolving an issue that touches the protocol, the config or the control
+# parsers, failover or pmirror-run.
 # As root on Debian 12, like test.sh. docs/testing.md.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

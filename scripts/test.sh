@@ -97,6 +97,17 @@ if [[ $extended == 1 && ${PMIRROR_SKIP_FUZZ:-0} != 1 ]]; then
   "$repo/scripts/fuzz.sh"
 fi
 
+# Also beyond CI's time: pmirror-run killed at 20 random moments (CI's
+# ctest kills it 5 times), and a three-node Pacemaker cluster losing its
+# primary's node (docs/failover.md, section 3; a few minutes, namespaces).
+if [[ $extended == 1 ]]; then
+  stage "pmirror-run under kill -9, 20 times"
+  "$repo/tests/pmdk/kill_test.sh" "$repo/build/daemon/pmirror-run" "$repo/build/daemon/pmirrord" \
+    "$repo/build/examples/pmemobj-counters" 20
+  stage "Pacemaker: three nodes, the primary's cut off"
+  "$repo/scripts/pacemaker-cluster.sh" 3
+fi
+
 stage "quick start"
 PMIRROR_PORT=${PMIRROR_PORT:-17450} "$repo/scripts/quickstart.sh"
 

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# pmirror-run under kill -9 (docs/pmdk.md, section 4): the libpmemobj
+# example runs a long stream of transactions under pmirror-run and is
+# killed with SIGKILL at a random moment, KILLS times over the same pool.
+# After each kill, a copy of the replica's file passes `pmempool check`,
+# and libpmemobj opens it and finds every transaction the program had
+# logged as committed and no torn one (the checker's checksum and slots).
+# Each next run opens the pool the killed one left (libpmemobj recovers
+# it, libpmirror resyncs what its activity log names) and goes on.
+#
+# usage: kill_test.sh PMIRROR_RUN PMIRRORD COUNTERS [KILLS (default 20)]
+set -uo pipefail
+run=$1 pmirrord=$2 counters=$3 kills=${4:-20}
+command -v pmempool >/dev/null || { echo "SKIP: pmempool (pmdk-tools) is not installed" >&2; exit 77; }
+
+work=$(mktemp -d /tmp/pmirror-kill-test.XXXXXX)
+daemon_pid= program_pid=
+cleanup() {
+  [[ -n $program_pid ]] && kill -9 "$program_pid" 2>/dev/null
+  [[ -n $daemon_pid ]] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+failures=0
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+
+port=$((20000 + RANDOM % 20000))
+head -c 32 /dev/urandom | base64 >"$work/v.secret"
+chmod 600 "$work/v.secret"
+cat >"$work/cluster.yaml" <<YAML
+daemon:
+  control_socket: $work/pmirrord.sock
+  state_pool: $work/pmirrord.state
+nodes:
+  - name: app
+    address: 127.0.0.1
+    port: $((port + 1))
+    state_pool: $work/app.state
+    control_socket: $work/app.sock
+  - name: store
+    address: 127.0.0.1
+    port: $port
+    transport: tcp
+volumes:
+  - name: v
+    size: 16MiB
+    primary: app
+    replicas: [store]
+    paths: {app: $work/pool, store: $work/replica.img}
+    create: true
+    allowed_peers: [app1]
+    secret_file: $work/v.secret
+YAML
+export PMIRROR_RUNTIME_DIR=$work
+"$pmirrord" --config "$work/cluster.yaml" --node store --foreground >"$work/pmirrord.log" 2>&1 &
+daemon_pid=$!
+for _ in $(seq 100); do
+  [[ -S $work/pmirrord.sock ]] && break
+  sleep 0.1
+done
+
+logged() { [[ -f $work/log ]] && awk '/^committed /{k=$2} END{print k+0}' "$work/log" || echo 0; }
+for round in $(seq "$kills"); do
+  before=$(logged)
+  "$run" --config "$work/cluster.yaml" --volume v --node app -- \
+    "$counters" run "$work/pool" "$work/log" 1000000 >"$work/run.out" 2>&1 &
+  program_pid=$!
+  # A random moment once it writes: between 0.2 and 1.5 s of transactions.
+  for _ in $(seq 300); do
+    (($(logged) > before)) && break
+    kill -0 "$program_pid" 2>/dev/null || break
+    sleep 0.02
+  done
+  sleep "0.$((2 + RANDOM % 13))"
+  kill -9 "$program_pid" 2>/dev/null
+  wait "$program_pid" 2>/dev/null
+  program_pid=
+  after=$(logged)
+  ((after > before)) || { cat "$work/run.out"; fail "round $round: no transaction committed"; continue; }
+  cp --sparse=always "$work/replica.img" "$work/replica-copy"
+  if ! out=$(pmempool check "$work/replica-copy" 2>&1); then
+    fail "round $round: pmempool check of the replica: $out"
+    continue
+  fi
+  if ! out=$("$counters" check "$work/replica-copy" "$work/log" 2>&1); then
+    fail "round $round: $out"
+    continue
+  fi
+  echo "round $round: killed after transaction $after (this run: $((after - before))); replica: $out"
+done
+
+if ((failures)); then
+  echo "--- pmirrord.log"; tail -30 "$work/pmirrord.log"
+  echo "$failures failure(s)" >&2
+  exit 1
+fi
+echo OK
