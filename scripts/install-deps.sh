@@ -6,6 +6,8 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config ninja-build git
   libpmem-dev libpmemobj-dev pmdk-tools
+  # pmirror-run's libpmemlog and libpmemblk examples and tests
+  libpmemlog-dev libpmemblk-dev
   libibverbs-dev librdmacm-dev ibverbs-providers
   libspdlog-dev libfmt-dev libcli11-dev libyaml-cpp-dev
   googletest libgtest-dev libgmock-dev

@@ -101,9 +101,11 @@ fi
 # ctest kills it 5 times), and a three-node Pacemaker cluster losing its
 # primary's node (docs/failover.md, section 3; a few minutes, namespaces).
 if [[ $extended == 1 ]]; then
-  stage "pmirror-run under kill -9, 20 times"
-  "$repo/tests/pmdk/kill_test.sh" "$repo/build/daemon/pmirror-run" "$repo/build/daemon/pmirrord" \
-    "$repo/build/examples/pmemobj-counters" 20
+  stage "pmirror-run under kill -9, 20 times per program (libpmemobj, libpmemlog, libpmemblk)"
+  for program in pmemobj-counters:16MiB pmemlog-records:16MiB pmemblk-records:32MiB; do
+    "$repo/tests/pmdk/kill_test.sh" "$repo/build/daemon/pmirror-run" "$repo/build/daemon/pmirrord" \
+      "$repo/build/examples/${program%%:*}" 20 "${program#*:}"
+  done
   stage "Pacemaker: three nodes, the primary's cut off"
   "$repo/scripts/pacemaker-cluster.sh" 3
 fi

@@ -8,9 +8,10 @@
 # Each next run opens the pool the killed one left (libpmemobj recovers
 # it, libpmirror resyncs what its activity log names) and goes on.
 #
-# usage: kill_test.sh PMIRROR_RUN PMIRRORD COUNTERS [KILLS (default 20)]
+# usage: kill_test.sh PMIRROR_RUN PMIRRORD PROGRAM [KILLS (default 20)] [VOLUME_SIZE]
+# PROGRAM: pmemobj-counters, pmemlog-records or pmemblk-records.
 set -uo pipefail
-run=$1 pmirrord=$2 counters=$3 kills=${4:-20}
+run=$1 pmirrord=$2 counters=$3 kills=${4:-20} size=${5:-16MiB}
 command -v pmempool >/dev/null || { echo "SKIP: pmempool (pmdk-tools) is not installed" >&2; exit 77; }
 
 work=$(mktemp -d /tmp/pmirror-kill-test.XXXXXX)
@@ -46,7 +47,7 @@ nodes:
     transport: tcp
 volumes:
   - name: v
-    size: 16MiB
+    size: $size
     primary: app
     replicas: [store]
     paths: {app: $work/pool, store: $work/replica.img}
