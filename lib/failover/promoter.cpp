@@ -143,10 +143,20 @@ struct Promoter::Impl {
   PromoterOptions options;
   config::EtcdSettings etcd_settings;
   std::unique_ptr<EtcdClient> etcd;
+  // The lease keeper's own client (an EtcdClient serves one thread).
+  std::unique_ptr<EtcdClient> keeper_etcd;
   std::string socket;       // pmirrord's
   std::string runtime_dir;  // where the application's sockets are
 
-  // The node's lease.
+  // The node's lease, kept by its own thread (keep_lease): however long a
+  // round of the volumes takes (a hundred volumes' status, promotions that
+  // wait for fences, hooks that wait for a unit), renewals go on every
+  // `renew`. lease_mutex guards these fields and every volume's `held`
+  // and lease file publication.
+  std::mutex lease_mutex;
+  std::string
+      lease_lost;  // set by the keeper: why the lease is gone; the loop gives the volumes up
+  int64_t lost_lease_id = 0;  // the lease to revoke once they are given up
   int64_t lease_id = 0;
   Clock::time_point last_renew_sent{};
   Clock::time_point deadline{};  // the primary stops writing at it
@@ -174,6 +184,11 @@ struct Promoter::Impl {
     uint64_t losses = 0;            // times this node lost or gave it up
   };
   std::vector<Volume> volumes;
+  // What pmirrord and the node's applications said, read once per round of
+  // the volumes (not once per volume: a status names every volume, and
+  // pmirrord reads each copy's metadata for it).
+  std::optional<Result<json>> round_daemon_status;
+  std::optional<std::vector<json>> round_application_statuses;
   mutable std::mutex status_mutex;
   json last_status;
 
@@ -194,8 +209,10 @@ struct Promoter::Impl {
   // This node's copy of `volume` as pmirrord and (if open here) the
   // application see it.
   Result<CopyRecord> local_copy(const Volume& v) {
-    PMIRROR_ASSIGN_OR_RETURN(json status,
-                             control::request(socket, {{"command", "status"}}, kStatusTimeout));
+    if (!round_daemon_status) {
+      round_daemon_status = control::request(socket, {{"command", "status"}}, kStatusTimeout);
+    }
+    PMIRROR_ASSIGN_OR_RETURN(json status, *round_daemon_status);
     const json* entry = nullptr;
     if (status.contains("volumes") && status["volumes"].is_array()) {
       for (const auto& candidate : status["volumes"]) {
@@ -229,12 +246,19 @@ struct Promoter::Impl {
   // The generation the application on this node writes `v` at; empty when
   // no application here has it open as primary.
   std::string application_generation(const Volume& v) {
-    auto sockets = control::list_initiator_sockets(runtime_dir);
-    if (!sockets.ok()) return {};
-    for (const auto& s : *sockets) {
-      auto status = control::request(s.path, {{"command", "status"}}, milliseconds(1000));
-      if (!status.ok() || !status->contains("volumes")) continue;
-      for (const auto& entry : (*status)["volumes"]) {
+    if (!round_application_statuses) {
+      round_application_statuses.emplace();
+      auto sockets = control::list_initiator_sockets(runtime_dir);
+      if (sockets.ok()) {
+        for (const auto& s : *sockets) {
+          auto status = control::request(s.path, {{"command", "status"}}, milliseconds(1000));
+          if (status.ok()) round_application_statuses->push_back(std::move(*status));
+        }
+      }
+    }
+    for (const json& status : *round_application_statuses) {
+      if (!status.contains("volumes") || !status["volumes"].is_array()) continue;
+      for (const auto& entry : status["volumes"]) {
         // Several nodes' applications may share a runtime directory (tests
         // on one machine): this node's is the one writing this node's copy.
         if (str(entry, "name") == v.config->name && str(entry, "role") == "primary" &&
@@ -306,6 +330,7 @@ struct Promoter::Impl {
 
   // ---- the lease ------------------------------------------------------------
 
+  // With lease_mutex held.
   void publish_deadlines() {
     for (auto& v : volumes) {
       if (v.held) v.lease_file->publish(monotonic_ns(deadline), lease_id);
@@ -315,65 +340,136 @@ struct Promoter::Impl {
   // This node no longer holds `v`: the application must stop writing at
   // once (its persists fail from here on), then it is stopped.
   void lose(Volume& v, const std::string& why) {
-    if (!v.held) return;
-    v.held = false;
-    ++v.losses;
-    v.lease_file->withdraw();
+    {
+      std::lock_guard lock(lease_mutex);
+      if (!v.held) return;
+      v.held = false;
+      ++v.losses;
+      v.lease_file->withdraw();
+    }
     log::warn("volume {}: node {} lost the lease: {}; stopping the application", v.config->name,
               options.node, why);
     emit(v, "lease-lost", "node " + options.node + " lost the lease: " + why);
     stop_hook(v);
   }
 
-  void renew() {
-    auto now = Clock::now();
-    if (lease_id == 0) {
+  // The keeper's round: grants a lease when there is none, renews it every
+  // `renew`, and past the deadline withdraws the lease files at once (the
+  // applications stop there by themselves too: they read the deadline) and
+  // tells the loop, which stops the hooks and revokes the lease.
+  void keep_lease_once() {
+    int64_t id = 0;
+    {
+      std::lock_guard lock(lease_mutex);
+      if (!lease_lost.empty()) return;  // the loop has yet to give the volumes up
+      id = lease_id;
+      if (id != 0 && Clock::now() >= deadline) {
+        give_up_locked("the lease was not renewed in time (" + lease_error + ")");
+        return;
+      }
+      if (id != 0 && Clock::now() - last_renew_sent < etcd_settings.renew) return;
+    }
+    const auto sent = Clock::now();
+    if (id == 0) {
       auto ttl = std::chrono::duration_cast<std::chrono::seconds>(etcd_settings.ttl);
-      auto lease = etcd->grant_lease(ttl);
+      auto lease = keeper_etcd->grant_lease(ttl);
+      std::lock_guard lock(lease_mutex);
       if (!lease.ok()) {
         lease_error = lease.status().message();
         return;
       }
       lease_id = lease->id;
-      last_renew_sent = now;
-      deadline = now + lease->ttl - etcd_settings.margin;
+      last_renew_sent = sent;
+      deadline = sent + lease->ttl - etcd_settings.margin;
       lease_error.clear();
       log::info("node {}: etcd lease {:x} granted ({} s) by {}", options.node, lease_id,
-                lease->ttl.count(), etcd->current_endpoint());
+                lease->ttl.count(), keeper_etcd->current_endpoint());
       return;
     }
-    if (now - last_renew_sent < etcd_settings.renew) return;
     // The deadline counts from when the renewal was sent: etcd counts its
     // TTL from when it received it, later.
-    auto ttl = etcd->keep_alive(lease_id);
+    auto ttl = keeper_etcd->keep_alive(id);
+    std::lock_guard lock(lease_mutex);
+    if (lease_id != id) return;
+    last_renew_sent = sent;
     if (!ttl.ok()) {
       ++renewal_failures;
       lease_error = ttl.status().message();
       log::warn("node {}: renewing the etcd lease failed: {}", options.node, lease_error);
+      if (Clock::now() >= deadline) {
+        give_up_locked("the lease was not renewed in time (" + lease_error + ")");
+      }
       return;
     }
-    last_renew_sent = now;
     if (ttl->count() <= 0) {
       ++renewal_failures;
       lease_error = "etcd no longer knows lease " + std::to_string(lease_id) + " (it expired)";
-      for (auto& v : volumes) lose(v, lease_error);
-      lease_id = 0;
+      give_up_locked(lease_error);
       return;
     }
     ++renewals;
     lease_error.clear();
-    deadline = now + *ttl - etcd_settings.margin;
+    deadline = sent + *ttl - etcd_settings.margin;
     publish_deadlines();
   }
 
-  // Past the deadline the holder's application already fails its persists
-  // (it reads the same deadline); the promoter gives the volumes up and
-  // starts over with a new lease once etcd answers again.
-  void check_deadline() {
-    if (lease_id == 0 || Clock::now() < deadline) return;
-    for (auto& v : volumes) lose(v, "the lease was not renewed in time (" + lease_error + ")");
-    (void)etcd->revoke_lease(lease_id);
+  // With lease_mutex held: the lease is gone; no application may write
+  // under it from now (its lease files are withdrawn); the loop does the
+  // rest (give_up_lost_lease).
+  void give_up_locked(const std::string& why) {
+    for (auto& v : volumes) {
+      if (v.held) v.lease_file->withdraw();
+    }
+    lease_lost = why;
+    lost_lease_id = lease_id;
     lease_id = 0;
+  }
+
+  void keep_lease(std::stop_token stop) {
+    while (!stop.stop_requested()) {
+      keep_lease_once();
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+  }
+
+  // The loop's part of a lost lease: the volumes it held are given up (the
+  // hooks stop the applications) and the old lease is revoked; the keeper
+  // then grants a new one.
+  void give_up_lost_lease() {
+    std::string why;
+    int64_t old = 0;
+    {
+      std::lock_guard lock(lease_mutex);
+      if (lease_lost.empty()) return;
+      why = lease_lost;
+      old = lost_lease_id;
+    }
+    for (auto& v : volumes) {
+      bool was_held = false;
+      {
+        std::lock_guard lock(lease_mutex);
+        was_held = v.held;
+      }
+      if (!was_held) continue;
+      {
+        std::lock_guard lock(lease_mutex);
+        v.held = false;  // lose() would find it released already
+        ++v.losses;
+      }
+      log::warn("volume {}: node {} lost the lease: {}; stopping the application", v.config->name,
+                options.node, why);
+      emit(v, "lease-lost", "node " + options.node + " lost the lease: " + why);
+      stop_hook(v);
+    }
+    if (old != 0) (void)etcd->revoke_lease(old);
+    std::lock_guard lock(lease_mutex);
+    lease_lost.clear();
+    lost_lease_id = 0;
+  }
+
+  int64_t current_lease() {
+    std::lock_guard lock(lease_mutex);
+    return lease_id;
   }
 
   // ---- one volume -------------------------------------------------------------
@@ -446,6 +542,7 @@ struct Promoter::Impl {
   }
 
   void step(Volume& v) {
+    const int64_t lease_id = current_lease();
     auto leader = etcd->get(v.keys.leader);
     if (!leader.ok()) return;  // etcd unreachable: nothing changes here
     auto copy = local_copy(v);
@@ -470,7 +567,7 @@ struct Promoter::Impl {
           value["since_unix_ms"].is_number_integer()) {
         v.since_unix_ms = value["since_unix_ms"].get<int64_t>();
       }
-      if (v.held) lose(v, "node " + holder + " holds it now");
+      lose(v, "node " + holder + " holds it now");
       if (holder != v.holder) {
         v.holder = holder;
         log::info("volume {}: primary is node {}", v.config->name, holder);
@@ -485,7 +582,7 @@ struct Promoter::Impl {
       return;
     }
     // Nobody holds the volume.
-    if (v.held) lose(v, "its leader key was deleted");
+    lose(v, "its leader key was deleted");
     if (lease_id == 0) return;
     auto now = Clock::now();
     if (!v.absent_since) {
@@ -529,14 +626,22 @@ struct Promoter::Impl {
         return;
       }
     }
-    v.held = true;
+    {
+      std::lock_guard lock(lease_mutex);
+      if (this->lease_id != lease_id) {
+        // The lease ran out while this node promoted: the key goes with it.
+        v.refused = "the lease ran out during the takeover";
+        return;
+      }
+      v.held = true;
+      v.lease_file->publish(monotonic_ns(deadline), lease_id);
+    }
     ++v.takeovers;
     v.held_since = now;
     v.holder = options.node;
     v.since_unix_ms = since;
     v.absent_since.reset();
     v.demote_pending = false;
-    v.lease_file->publish(monotonic_ns(deadline), lease_id);
     start_hook(v);
   }
 
@@ -569,6 +674,7 @@ struct Promoter::Impl {
 
   void update_status() {
     json out = {{"node", options.node}};
+    std::unique_lock lease_lock(lease_mutex);
     if (lease_id != 0) {
       out["lease"] = {{"id", lease_id},
                       {"deadline_in_ms",
@@ -592,6 +698,7 @@ struct Promoter::Impl {
            {"takeovers", v.takeovers},
            {"losses", v.losses}});
     }
+    lease_lock.unlock();
     out["volumes"] = std::move(list);
     std::lock_guard lock(status_mutex);
     last_status = std::move(out);
@@ -620,11 +727,13 @@ Result<std::unique_ptr<Promoter>> Promoter::create(PromoterOptions options) {
   impl->socket = impl->options.pmirrord_socket.empty() ? node->daemon.control_socket
                                                        : impl->options.pmirrord_socket;
   impl->runtime_dir = control::runtime_dir();
-  PMIRROR_ASSIGN_OR_RETURN(impl->etcd, EtcdClient::create({.endpoints = etcd.endpoints,
-                                                           .timeout = etcd.timeout,
-                                                           .tls_ca = etcd.tls_ca,
-                                                           .tls_cert = etcd.tls_cert,
-                                                           .tls_key = etcd.tls_key}));
+  const EtcdOptions etcd_options{.endpoints = etcd.endpoints,
+                                 .timeout = etcd.timeout,
+                                 .tls_ca = etcd.tls_ca,
+                                 .tls_cert = etcd.tls_cert,
+                                 .tls_key = etcd.tls_key};
+  PMIRROR_ASSIGN_OR_RETURN(impl->etcd, EtcdClient::create(etcd_options));
+  PMIRROR_ASSIGN_OR_RETURN(impl->keeper_etcd, EtcdClient::create(etcd_options));
   const std::string& me = impl->options.node;
   for (const auto& volume : kept.volumes) {
     std::vector<std::string> nodes{volume.primary};
@@ -653,11 +762,14 @@ Status Promoter::run(std::stop_token stop) {
             impl.options.node, impl.volumes.size(), impl.etcd_settings.endpoints.front(),
             impl.etcd_settings.ttl.count(), impl.etcd_settings.renew.count());
   const milliseconds poll = impl.poll_interval();
+  std::jthread keeper([&impl](std::stop_token keeper_stop) { impl.keep_lease(keeper_stop); });
   while (!stop.stop_requested()) {
-    impl.renew();
-    impl.check_deadline();
+    impl.round_daemon_status.reset();
+    impl.round_application_statuses.reset();
+    impl.give_up_lost_lease();
     for (auto& v : impl.volumes) {
       if (stop.stop_requested()) break;
+      impl.give_up_lost_lease();
       impl.step(v);
     }
     impl.update_status();
@@ -668,14 +780,20 @@ Status Promoter::run(std::stop_token stop) {
   }
   // Hand over: the application stops, then the keys go with the lease, so
   // that a standby takes over now instead of after ttl.
+  keeper.request_stop();
+  keeper.join();
+  impl.give_up_lost_lease();
   for (auto& v : impl.volumes) {
-    if (!v.held) continue;
-    v.lease_file->withdraw();
+    {
+      std::lock_guard lock(impl.lease_mutex);
+      if (!v.held) continue;
+      v.lease_file->withdraw();
+      v.held = false;
+    }
     impl.stop_hook(v);
-    v.held = false;
     impl.emit(v, "lease-released", "node " + impl.options.node + " handed the volume over");
   }
-  if (impl.lease_id != 0) (void)impl.etcd->revoke_lease(impl.lease_id);
+  if (int64_t lease = impl.current_lease(); lease != 0) (void)impl.etcd->revoke_lease(lease);
   impl.update_status();
   log::info("node {}: promoter stopped; its lease revoked", impl.options.node);
   return Status::Ok();
