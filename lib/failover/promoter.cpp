@@ -188,6 +188,10 @@ struct Promoter::Impl {
   // the volumes (not once per volume: a status names every volume, and
   // pmirrord reads each copy's metadata for it).
   std::optional<Result<json>> round_daemon_status;
+  // Every key of the cluster's volumes, read with one range per round (a
+  // read per volume made a round of a hundred volumes last seconds).
+  std::string volumes_prefix;  // <prefix>/<cluster>/volumes/
+  std::optional<Result<std::map<std::string, EtcdKeyValue>>> round_keys;
   std::optional<std::vector<json>> round_application_statuses;
   mutable std::mutex status_mutex;
   json last_status;
@@ -202,6 +206,41 @@ struct Promoter::Impl {
                       {"volume", v.config->name},
                       {"event", event},
                       {"message", message}});
+  }
+
+  // ---- etcd, as read this round ----------------------------------------------
+
+  const Result<std::map<std::string, EtcdKeyValue>>& keys_this_round() {
+    if (!round_keys) {
+      auto all = etcd->get_prefix(volumes_prefix);
+      if (!all.ok()) {
+        round_keys = all.status();
+      } else {
+        std::map<std::string, EtcdKeyValue> by_key;
+        for (auto& kv : *all) by_key.emplace(kv.key, std::move(kv));
+        round_keys = std::move(by_key);
+      }
+    }
+    return *round_keys;
+  }
+
+  Result<std::optional<EtcdKeyValue>> key_now(const std::string& key) {
+    const auto& keys = keys_this_round();
+    if (!keys.ok()) return keys.status();
+    auto it = keys->find(key);
+    if (it == keys->end()) return std::optional<EtcdKeyValue>();
+    return std::optional<EtcdKeyValue>(it->second);
+  }
+
+  Result<std::vector<EtcdKeyValue>> keys_under(const std::string& prefix) {
+    const auto& keys = keys_this_round();
+    if (!keys.ok()) return keys.status();
+    std::vector<EtcdKeyValue> out;
+    for (auto it = keys->lower_bound(prefix); it != keys->end() && it->first.rfind(prefix, 0) == 0;
+         ++it) {
+      out.push_back(it->second);
+    }
+    return out;
   }
 
   // ---- pmirrord and the application --------------------------------------
@@ -508,14 +547,14 @@ struct Promoter::Impl {
     if (!mine.consistent) {
       return "the copy is inconsistent (a resync into it was interrupted)";
     }
-    auto last = etcd->get(v.keys.last_generation);
+    auto last = key_now(v.keys.last_generation);
     if (!last.ok()) return "etcd: " + last.status().message();
     if (*last && !mine.knows((*last)->value)) {
       return "the last primary wrote generation " + (*last)->value +
              ", which this copy does not have (it was left behind); the copy that has it "
              "should take over (or promote by hand: pmirrorctl promote --force)";
     }
-    auto copies = etcd->get_prefix(v.keys.copies);
+    auto copies = keys_under(v.keys.copies);
     if (!copies.ok()) return "etcd: " + copies.status().message();
     bool others_empty = true;
     for (const auto& kv : *copies) {
@@ -543,7 +582,7 @@ struct Promoter::Impl {
 
   void step(Volume& v) {
     const int64_t lease_id = current_lease();
-    auto leader = etcd->get(v.keys.leader);
+    auto leader = key_now(v.keys.leader);
     if (!leader.ok()) return;  // etcd unreachable: nothing changes here
     auto copy = local_copy(v);
     if (copy.ok() && lease_id != 0) publish_copy(v, *copy, /*with_sequence=*/!*leader);
@@ -727,6 +766,7 @@ Result<std::unique_ptr<Promoter>> Promoter::create(PromoterOptions options) {
   impl->socket = impl->options.pmirrord_socket.empty() ? node->daemon.control_socket
                                                        : impl->options.pmirrord_socket;
   impl->runtime_dir = control::runtime_dir();
+  impl->volumes_prefix = etcd.prefix + "/" + kept.name + "/volumes/";
   const EtcdOptions etcd_options{.endpoints = etcd.endpoints,
                                  .timeout = etcd.timeout,
                                  .tls_ca = etcd.tls_ca,
@@ -765,6 +805,7 @@ Status Promoter::run(std::stop_token stop) {
   std::jthread keeper([&impl](std::stop_token keeper_stop) { impl.keep_lease(keeper_stop); });
   while (!stop.stop_requested()) {
     impl.round_daemon_status.reset();
+    impl.round_keys.reset();
     impl.round_application_statuses.reset();
     impl.give_up_lost_lease();
     for (auto& v : impl.volumes) {
