@@ -233,6 +233,30 @@ std::string copy_line(const json& volume) {
   return line == "  this copy:" ? std::string() : line;
 }
 
+// "  fences (promoted here at 12:01:07): a NOT fenced (timeout ...), c fenced"
+// from the last promotion on this node; "" when there was none.
+std::string fences_line(const json& volume, const HumanFormat& format) {
+  const json& fences = member(volume, "fences");
+  if (!fences.is_array() || fences.empty()) return {};
+  std::string line = "  fences";
+  if (auto at = parse_rfc3339(str(volume, "fences_at"))) {
+    line += " (promoted here at " + clock_time(*at, format) + ")";
+  }
+  line += ":";
+  bool first = true;
+  for (const json& f : fences) {
+    line += first ? " " : ", ";
+    first = false;
+    line += str(f, "node");
+    if (flag(f, "fenced").value_or(false)) {
+      line += " fenced";
+    } else {
+      line += " NOT fenced (" + str(f, "error") + ")";
+    }
+  }
+  return line;
+}
+
 // "  lease: held by node b since 12:01:07" from the promoter's part
 // (attach_failover); empty without one.
 std::string failover_line(const json& volume, const HumanFormat& format) {
@@ -407,6 +431,7 @@ std::string format_status_human(const nlohmann::json& merged,
     const json& v = *entry.volume;
     if (str(v, "state") == "failed") out += "  failed: " + str(v, "error") + "\n";
     if (std::string copy = copy_line(v); !copy.empty()) out += copy + "\n";
+    if (std::string fenced = fences_line(v, format); !fenced.empty()) out += fenced + "\n";
     if (std::string lease = failover_line(v, format); !lease.empty()) out += lease + "\n";
     if (v.contains("peers") && v["peers"].is_array() && !v["peers"].empty()) {
       for (const json& peer : v["peers"]) {

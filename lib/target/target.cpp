@@ -589,6 +589,11 @@ Result<PromoteResult> Target::promote(const std::string& volume_name, bool force
   // not take.
   result.fences = chosen != 0 && result.generation == chosen ? std::move(fenced_first)
                                                              : fence(result.generation);
+  {
+    std::lock_guard volume_lock(volume->mutex);
+    volume->last_fences = result.fences;
+    volume->last_fences_at = std::chrono::system_clock::now();
+  }
   return result;
 }
 
@@ -714,6 +719,8 @@ TargetStatus Target::status() const {
       std::lock_guard lock(v->mutex);
       s.writer = v->writer;
       sessions = v->sessions;
+      s.fences = v->last_fences;
+      s.fences_at = v->last_fences_at;
     }
     auto recorded = impl_->state->get(v->config.name);
     if (recorded.ok()) {

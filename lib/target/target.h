@@ -71,6 +71,15 @@ struct CopyStatus {
 };
 
 // What `status` shows about one volume.
+// One other node of the volume, told by a promotion that it is fenced
+// (docs/failover.md): fenced, or why not.
+struct FenceOutcome {
+  std::string node{};
+  bool fenced = false;
+  uint32_t sessions_ended = 0;  // the old primary's sessions it ended there
+  std::string error{};          // when not fenced
+};
+
 struct VolumeStatus {
   std::string name{};
   std::string path{};
@@ -87,6 +96,10 @@ struct VolumeStatus {
   std::string failure{};
   std::vector<SessionStatus> sessions{};  // the newest first
   CopyStatus copy{};
+  // The last promotion on this node: each other node's fence, and when
+  // (empty: never promoted here since pmirrord started).
+  std::vector<FenceOutcome> fences{};
+  std::chrono::system_clock::time_point fences_at{};
 };
 
 // Connections not yet authenticated (docs/architecture.md, "Admission"):
@@ -114,14 +127,6 @@ struct TargetStatus {
 
 // What `pmirrorctl promote` did. already_promoted: nothing changed, and
 // `previous` is the newest generation in the copy's history.
-// One other node of the volume, told by a promotion that it is fenced
-// (docs/failover.md): fenced, or why not.
-struct FenceOutcome {
-  std::string node{};
-  bool fenced = false;
-  uint32_t sessions_ended = 0;  // the old primary's sessions it ended there
-  std::string error{};          // when not fenced
-};
 
 struct PromoteResult {
   std::string volume{};

@@ -48,6 +48,9 @@ struct ServedVolume {
   // An operator command on the copy (promote, demote) is under way: no
   // session may claim the volume meanwhile. Names the command; guarded by mutex.
   std::string admin;
+  // The fences of the last promotion on this node, and when; guarded by mutex.
+  std::vector<FenceOutcome> last_fences;
+  std::chrono::system_clock::time_point last_fences_at{};
   // Set by `promote --force`: the writer's session ends at once, refused
   // with kClosed and evict_reason (guarded by mutex).
   std::atomic<bool> evict{false};

@@ -40,6 +40,22 @@ json copy_json(const CopyStatus& copy) {
   return out;
 }
 
+// Each other node's fence: {"node","fenced","sessions_ended"} or
+// {"node","fenced":false,"error"}.
+json fences_json(const std::vector<FenceOutcome>& outcomes) {
+  json fences = json::array();
+  for (const FenceOutcome& f : outcomes) {
+    json entry = {{"node", f.node}, {"fenced", f.fenced}};
+    if (f.fenced) {
+      entry["sessions_ended"] = f.sessions_ended;
+    } else {
+      entry["error"] = f.error;
+    }
+    fences.push_back(std::move(entry));
+  }
+  return fences;
+}
+
 json session_json(const SessionStatus& session) {
   return {{"name", session.peer},
           {"address", session.peer.substr(session.peer.find('@') + 1)},
@@ -70,6 +86,11 @@ json volume_json(const VolumeStatus& v) {
   }
   volume["generation"] = v.generation;
   volume["last_sequence"] = v.last_sequence;
+  if (!v.fences.empty()) {
+    // The last promotion here: the fence state of every other node's copy.
+    volume["fences"] = fences_json(v.fences);
+    volume["fences_at"] = format_rfc3339(v.fences_at);
+  }
   volume["applied_sequence"] = v.applied_sequence;
   json methods = json::array();
   if ((v.methods & protocol::kMethodApm) != 0) methods.push_back("apm");
@@ -116,19 +137,7 @@ json to_json(const PromoteResult& result) {
           {"promoted", true},
           {"forced", result.forced},
           {"already_promoted", result.already_promoted},
-          {"fences", [&] {
-             json fences = json::array();
-             for (const FenceOutcome& f : result.fences) {
-               json entry = {{"node", f.node}, {"fenced", f.fenced}};
-               if (f.fenced) {
-                 entry["sessions_ended"] = f.sessions_ended;
-               } else {
-                 entry["error"] = f.error;
-               }
-               fences.push_back(std::move(entry));
-             }
-             return fences;
-           }()}};
+          {"fences", fences_json(result.fences)}};
 }
 
 json to_json(const DemoteResult& result) {

@@ -875,6 +875,16 @@ TEST_F(RecoveryTest, ForcedPromoteFencesTheOldPrimaryOut) {
   EXPECT_FALSE(fences["a"].value("error", "").empty()) << forced.text();
   json copy = target_volume(ctl_status("b"), "v").value("copy", json::object());
   EXPECT_EQ(copy.value("promoted", false), true) << copy.dump();
+  // b's status keeps the fence state of every other copy: c fenced, a not.
+  json b_fences = target_volume(ctl_status("b"), "v").value("fences", json::array());
+  ASSERT_EQ(b_fences.size(), 2u) << b_fences.dump();
+  for (const json& f : b_fences) {
+    EXPECT_EQ(f.value("fenced", false), f.value("node", "") == "c") << b_fences.dump();
+  }
+  RunResult b_status = cluster_->ctl("b", {"status", "v"});
+  EXPECT_NE(b_status.out.find("  fences (promoted here at "), std::string::npos) << b_status.text();
+  EXPECT_NE(b_status.out.find("c fenced"), std::string::npos) << b_status.text();
+  EXPECT_NE(b_status.out.find("a NOT fenced ("), std::string::npos) << b_status.text();
   json c_copy = target_volume(ctl_status("c"), "v").value("copy", json::object());
   ASSERT_TRUE(c_copy.contains("fence")) << c_copy.dump();
   EXPECT_EQ(c_copy["fence"].value("promoted_on", ""), "b") << c_copy.dump();
