@@ -9,6 +9,9 @@
  *       kills it). POOL is created if it is not a pool yet: an existing
  *       zero-filled file of the right size (pmirror's `create: true`) or a
  *       new 16 MiB file.
+ *   pmemobj-counters bench POOL COUNT
+ *       COUNT transactions, timed one by one (no log): transactions per
+ *       second, p50 and p99 (scripts/bench-pmdk.sh).
  *   pmemobj-counters check POOL [LOG]
  *       opens POOL (a copy: libpmemobj's recovery writes to it) and checks
  *       that its state is the one left by some whole number of
@@ -26,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define LAYOUT "pmirror-counters"
@@ -109,6 +113,49 @@ static int run(const char* pool, const char* log, uint64_t count) {
   return status;
 }
 
+static int compare_u64(const void* a, const void* b) {
+  uint64_t x = *(const uint64_t*)a, y = *(const uint64_t*)b;
+  return x < y ? -1 : x > y;
+}
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/*
+ * COUNT transactions, each timed: "transactions_per_s=R p50_us=A p99_us=B"
+ * (scripts/bench-pmdk.sh; docs/benchmarks.md).
+ */
+static int bench(const char* pool, uint64_t count) {
+  PMEMobjpool* pop = open_or_create(pool);
+  if (pop == NULL) return 1;
+  uint64_t* latency = count > 0 ? calloc(count, sizeof(*latency)) : NULL;
+  if (latency == NULL) {
+    pmemobj_close(pop);
+    return 1;
+  }
+  PMEMoid root_oid = pmemobj_root(pop, sizeof(struct root));
+  uint64_t start = now_ns();
+  for (uint64_t i = 0; i < count; i++) {
+    uint64_t k, t0 = now_ns();
+    if (transaction(pop, root_oid, &k) != 0) {
+      free(latency);
+      pmemobj_close(pop);
+      return 1;
+    }
+    latency[i] = now_ns() - t0;
+  }
+  double seconds = (double)(now_ns() - start) / 1e9;
+  qsort(latency, count, sizeof(*latency), compare_u64);
+  printf("transactions_per_s=%.0f p50_us=%.1f p99_us=%.1f\n", (double)count / seconds,
+         (double)latency[count / 2] / 1e3, (double)latency[(count * 99) / 100] / 1e3);
+  free(latency);
+  pmemobj_close(pop);
+  return 0;
+}
+
 static uint64_t last_logged(const char* log) {
   FILE* f = fopen(log, "r");
   uint64_t last = 0, k;
@@ -166,8 +213,11 @@ int main(int argc, char** argv) {
     return run(argv[2], argv[3], strtoull(argv[4], NULL, 10));
   if ((argc == 3 || argc == 4) && strcmp(argv[1], "check") == 0)
     return check(argv[2], argc == 4 ? argv[3] : NULL);
+  if (argc == 4 && strcmp(argv[1], "bench") == 0)
+    return bench(argv[2], strtoull(argv[3], NULL, 10));
   fprintf(stderr,
           "usage: pmemobj-counters run POOL LOG COUNT\n"
-          "       pmemobj-counters check POOL [LOG]\n");
+          "       pmemobj-counters check POOL [LOG]\n"
+          "       pmemobj-counters bench POOL COUNT\n");
   return 2;
 }
