@@ -11,15 +11,24 @@
 # usage: pmirror_run_test.sh PMIRROR_RUN PMIRRORD PROGRAM [VOLUME_SIZE]
 # PROGRAM: examples/02-pmemobj-counters, or 03-pmemlog-pmemblk's
 # pmemlog-records or pmemblk-records (the same `run` and `check`).
+# Environment (the lab, scripts/lab/tests/guest-data-path.sh):
+# PMIRROR_TEST_TRANSPORT (tcp), PMIRROR_TEST_ADDRESS (127.0.0.1), and
+# PMIRROR_TEST_FSDAX_DIR: where the program's pool goes (a DAX file
+# system: libpmem then flushes CPU caches instead of calling msync).
 set -uo pipefail
 run=$1 pmirrord=$2 counters=$3 size=${4:-16MiB}
+transport=${PMIRROR_TEST_TRANSPORT:-tcp}
+address=${PMIRROR_TEST_ADDRESS:-127.0.0.1}
 command -v pmempool >/dev/null || { echo "SKIP: pmempool (pmdk-tools) is not installed" >&2; exit 77; }
 
 work=$(mktemp -d /tmp/pmirror-run-test.XXXXXX)
+pool_dir=$work
+[[ -n ${PMIRROR_TEST_FSDAX_DIR:-} ]] && pool_dir=$(mktemp -d "$PMIRROR_TEST_FSDAX_DIR/pmirror-run-test.XXXXXX")
 daemon_pid=
 cleanup() {
   [[ -n $daemon_pid ]] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
   rm -rf "$work"
+  [[ $pool_dir != "$work" ]] && rm -rf "$pool_dir"
 }
 trap cleanup EXIT
 failures=0
@@ -37,20 +46,21 @@ daemon:
   state_pool: $work/pmirrord.state
 nodes:
   - name: app
-    address: 127.0.0.1
+    address: $address
     port: $((port + 1))
     state_pool: $work/app.state
     control_socket: $work/app.sock
+    transport: $transport
   - name: store
-    address: 127.0.0.1
+    address: $address
     port: $port
-    transport: tcp
+    transport: $transport
 volumes:
   - name: v
     size: $size
     primary: app
     replicas: [store]
-    paths: {app: $work/pool, store: $work/replica.img}
+    paths: {app: $pool_dir/pool, store: $work/replica.img}
     create: true
     allowed_peers: [app1]
     secret_file: $work/v.secret
@@ -83,13 +93,13 @@ check_replica() { # $1: transactions expected at least
 start_daemon
 echo "== 300 transactions under pmirror-run (the pool is created on the volume's zero-filled copy)"
 "$run" --config "$work/cluster.yaml" --volume v --node app -- \
-  "$counters" run "$work/pool" "$work/log" 300 >"$work/run1.out" 2>&1 ||
+  "$counters" run "$pool_dir/pool" "$work/log" 300 >"$work/run1.out" 2>&1 ||
   { cat "$work/run1.out"; fail "the first run under pmirror-run"; }
 check_replica 300
 
 echo "== 200 more: the program opens its pool again, mirrored from where it was"
 "$run" --config "$work/cluster.yaml" --volume v --node app -- \
-  "$counters" run "$work/pool" "$work/log" 200 >"$work/run2.out" 2>&1 ||
+  "$counters" run "$pool_dir/pool" "$work/log" 200 >"$work/run2.out" 2>&1 ||
   { cat "$work/run2.out"; fail "the second run under pmirror-run"; }
 check_replica 500
 grep -Eq '^(transactions|records) 500$' "$work/run2.out" || fail "the program counted $(cat "$work/run2.out")"
@@ -101,7 +111,7 @@ echo "== the same program, plain: pmirror is not involved"
 
 echo "== refused before the program runs"
 truncate -s 8M "$work/small.pool"
-sed "s|$work/pool|$work/small.pool|" "$work/cluster.yaml" >"$work/small.yaml"
+sed "s|$pool_dir/pool|$work/small.pool|" "$work/cluster.yaml" >"$work/small.yaml"
 out=$("$run" --config "$work/small.yaml" --volume v --node app -- "$counters" run \
   "$work/small.pool" "$work/small.log" 1 2>&1)
 rc=$?
@@ -110,7 +120,7 @@ rc=$?
 [[ ! -e $work/small.log ]] || fail "the program ran on a pool of the wrong size"
 stop_daemon
 out=$("$run" --config "$work/cluster.yaml" --volume v --node app -- "$counters" run \
-  "$work/pool" "$work/log2" 1 2>&1)
+  "$pool_dir/pool" "$work/log2" 1 2>&1)
 rc=$?
 [[ $rc -eq 70 && $out == *"cannot mirror volume 'v'"* ]] ||
   fail "no replica reachable: exit $rc: $out"
