@@ -14,54 +14,19 @@ set -uo pipefail
 run=$1 pmirrord=$2 counters=$3 kills=${4:-20} size=${5:-16MiB}
 command -v pmempool >/dev/null || { echo "SKIP: pmempool (pmdk-tools) is not installed" >&2; exit 77; }
 
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
 work=$(mktemp -d /tmp/pmirror-kill-test.XXXXXX)
-daemon_pid= program_pid=
+program_pid=
 cleanup() {
   [[ -n $program_pid ]] && kill -9 "$program_pid" 2>/dev/null
-  [[ -n $daemon_pid ]] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  pmdk_stop_daemon
   rm -rf "$work"
 }
 trap cleanup EXIT
-failures=0
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
-
-port=$((20000 + RANDOM % 20000))
-head -c 32 /dev/urandom | base64 >"$work/v.secret"
-chmod 600 "$work/v.secret"
-cat >"$work/cluster.yaml" <<YAML
-daemon:
-  control_socket: $work/pmirrord.sock
-  state_pool: $work/pmirrord.state
-nodes:
-  - name: app
-    address: 127.0.0.1
-    port: $((port + 1))
-    state_pool: $work/app.state
-    control_socket: $work/app.sock
-  - name: store
-    address: 127.0.0.1
-    port: $port
-    transport: tcp
-volumes:
-  - name: v
-    size: $size
-    primary: app
-    replicas: [store]
-    paths: {app: $work/pool, store: $work/replica.img}
-    create: true
-    allowed_peers: [app1]
-    secret_file: $work/v.secret
-YAML
+pmdk_cluster "$work" "$size" "$work/pool"
 export PMIRROR_RUNTIME_DIR=$work
-"$pmirrord" --config "$work/cluster.yaml" --node store --foreground >"$work/pmirrord.log" 2>&1 &
-daemon_pid=$!
-for _ in $(seq 100); do
-  [[ -S $work/pmirrord.sock ]] && break
-  sleep 0.1
-done
+pmdk_start_daemon "$pmirrord" "$work" || exit 1
 
 logged() { [[ -f $work/log ]] && awk '/^committed /{k=$2} END{print k+0}' "$work/log" || echo 0; }
 for round in $(seq "$kills"); do

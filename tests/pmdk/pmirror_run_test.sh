@@ -21,63 +21,20 @@ transport=${PMIRROR_TEST_TRANSPORT:-tcp}
 address=${PMIRROR_TEST_ADDRESS:-127.0.0.1}
 command -v pmempool >/dev/null || { echo "SKIP: pmempool (pmdk-tools) is not installed" >&2; exit 77; }
 
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
 work=$(mktemp -d /tmp/pmirror-run-test.XXXXXX)
 pool_dir=$work
 [[ -n ${PMIRROR_TEST_FSDAX_DIR:-} ]] && pool_dir=$(mktemp -d "$PMIRROR_TEST_FSDAX_DIR/pmirror-run-test.XXXXXX")
-daemon_pid=
 cleanup() {
-  [[ -n $daemon_pid ]] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  pmdk_stop_daemon
   rm -rf "$work"
-  [[ $pool_dir != "$work" ]] && rm -rf "$pool_dir"
+  if [[ $pool_dir != "$work" ]]; then rm -rf "$pool_dir"; fi
 }
 trap cleanup EXIT
-failures=0
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
-
-port=$((20000 + RANDOM % 20000))
-head -c 32 /dev/urandom | base64 >"$work/v.secret"
-chmod 600 "$work/v.secret"
-cat >"$work/cluster.yaml" <<YAML
-daemon:
-  control_socket: $work/pmirrord.sock
-  state_pool: $work/pmirrord.state
-nodes:
-  - name: app
-    address: $address
-    port: $((port + 1))
-    state_pool: $work/app.state
-    control_socket: $work/app.sock
-    transport: $transport
-  - name: store
-    address: $address
-    port: $port
-    transport: $transport
-volumes:
-  - name: v
-    size: $size
-    primary: app
-    replicas: [store]
-    paths: {app: $pool_dir/pool, store: $work/replica.img}
-    create: true
-    allowed_peers: [app1]
-    secret_file: $work/v.secret
-YAML
+pmdk_cluster "$work" "$size" "$pool_dir/pool" "$transport" "$address"
 export PMIRROR_RUNTIME_DIR=$work
 
-start_daemon() {
-  "$pmirrord" --config "$work/cluster.yaml" --node store --foreground >>"$work/pmirrord.log" 2>&1 &
-  daemon_pid=$!
-  for _ in $(seq 100); do
-    [[ -S $work/pmirrord.sock ]] && break
-    sleep 0.1
-  done
-}
-stop_daemon() {
-  kill "$daemon_pid"; wait "$daemon_pid" 2>/dev/null; daemon_pid=
-}
 # The replica as a fresh file (libpmemobj's recovery writes to what it
 # opens), checked by pmempool and by the program's own checker.
 check_replica() { # $1: transactions expected at least
@@ -90,7 +47,7 @@ check_replica() { # $1: transactions expected at least
   echo "replica: $out"
 }
 
-start_daemon
+pmdk_start_daemon "$pmirrord" "$work" || exit 1
 echo "== 300 transactions under pmirror-run (the pool is created on the volume's zero-filled copy)"
 "$run" --config "$work/cluster.yaml" --volume v --node app -- \
   "$counters" run "$pool_dir/pool" "$work/log" 300 >"$work/run1.out" 2>&1 ||
@@ -118,7 +75,7 @@ rc=$?
 [[ $rc -eq 78 && $out == *"is 8388608 bytes, the volume "* ]] ||
   fail "a pool of the wrong size: exit $rc: $out"
 [[ ! -e $work/small.log ]] || fail "the program ran on a pool of the wrong size"
-stop_daemon
+pmdk_stop_daemon
 out=$("$run" --config "$work/cluster.yaml" --volume v --node app -- "$counters" run \
   "$pool_dir/pool" "$work/log2" 1 2>&1)
 rc=$?
