@@ -44,14 +44,21 @@ _pmirrorctl() {
     --timeout | --count)
       return
       ;;
-    --peer | --node)
+    --peer | --node | --volume)
       local file=
       if [[ $command == config && ${words[command_at + 1]} == check ]]; then
         for ((i = command_at + 2; i < cword; i++)); do
-          [[ ${words[i]} != -* && ${words[i - 1]} != --node ]] && file=${words[i]} && break
+          [[ ${words[i]} != -* && ${words[i - 1]} != --node && ${words[i - 1]} != --volume &&
+            ${words[i - 1]} != --engine ]] && file=${words[i]} && break
         done
       fi
-      COMPREPLY=($(compgen -W "$(_pmirrorctl_names nodes $file)" -- "$cur"))
+      local what=nodes
+      [[ $prev == --volume ]] && what=volumes
+      COMPREPLY=($(compgen -W "$(_pmirrorctl_names $what $file)" -- "$cur"))
+      return
+      ;;
+    --engine)
+      COMPREPLY=($(compgen -W 'none etcd pacemaker' -- "$cur"))
       return
       ;;
   esac
@@ -69,7 +76,7 @@ _pmirrorctl() {
   local positional=0
   for ((i = command_at + 1; i < cword; i++)); do
     case ${words[i]} in
-      --peer | --node | --count) ((i++)) ;;
+      --peer | --node | --volume | --engine | --count) ((i++)) ;;
       -*) ;;
       *) ((positional++)) ;;
     esac
@@ -88,7 +95,7 @@ _pmirrorctl() {
       if ((positional == 0)); then
         [[ $cur == -* ]] && options='--help' || COMPREPLY=($(compgen -W 'check' -- "$cur"))
       elif [[ ${words[command_at + 1]} == check ]]; then
-        options='--node --help'
+        options='--node --volume --engine --help'
         if [[ $cur != -* ]] && ((positional == 1)); then
           _filedir '@(yaml|yml)'
           return

@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +28,8 @@
 #include <mutex>
 #include <pmirror/pmirror.hpp>
 #include <string>
+#include <thread>
+#include <vector>
 
 #define PMIRROR_PRELOAD_API extern "C" __attribute__((visibility("default")))
 
@@ -114,7 +117,6 @@ struct FileIdentity {
 };
 FileIdentity g_copy;
 std::atomic<bool> g_watching{false};  // the volume is open: mappings are noted
-std::unique_ptr<pmirror::Volume> g_volume;
 uint64_t g_volume_size = 0;
 std::string g_volume_name;
 bool g_forked_child = false;  // a fork's child: its parent's volume is not its own
@@ -210,20 +212,95 @@ __attribute__((tls_model("initial-exec"))) thread_local PendingGroup t_pending{}
   std::abort();
 }
 
+// ---- the mirroring thread ----------------------------------------------------------
+//
+// Decided: libpmirror runs on a thread of its own, never on the program's.
+// A drain is called inside the program's libpmemobj transaction, and
+// libpmirror's bookkeeping (its metadata pool: dirty maps, generations)
+// is libpmemobj too, whose transactions are per thread: run on the
+// program's thread, a replica lost mid-transaction made libpmirror's own
+// transaction a "nested transaction for a different pool", which aborted
+// the program's (found by tests/pmdk/pmirror_run_test.sh). The thread
+// takes every group waiting when it wakes (several threads' drains become
+// one wait: a group commit), and also closes the volume at exit.
+
+struct MirrorRequest {
+  const PendingGroup* group = nullptr;
+  pmirror::Status result;
+  bool done = false;
+};
+
+// The volume and its thread. Made in the constructor and never destroyed:
+// static destructors run at exit before this library's own destructor
+// would, and a joinable std::thread destroyed then ends the process;
+// stop_mirroring, registered with atexit, stops and joins it instead.
+struct MirrorState {
+  std::unique_ptr<pmirror::Volume> volume;
+  std::mutex mutex;
+  std::condition_variable wake;  // a request, or stop
+  std::condition_variable done;  // requests finished
+  std::vector<MirrorRequest*> requests;
+  bool stop = false;
+  std::thread worker;
+};
+MirrorState& state() {
+  static MirrorState* const made = new MirrorState;  // deliberately never deleted
+  return *made;
+}
+
+void mirror_requests(std::vector<MirrorRequest*>& batch) {
+  uint64_t last = 0;
+  pmirror::Status failed;
+  for (MirrorRequest* request : batch) {
+    for (int i = 0; i < request->group->count && failed.ok(); ++i) {
+      auto started =
+          state().volume->persist_async(request->group->offset[i], request->group->length[i]);
+      if (!started.ok()) {
+        failed = started.status();
+      } else {
+        last = *started;
+      }
+    }
+  }
+  if (failed.ok() && last != 0) failed = state().volume->wait(last);
+  for (MirrorRequest* request : batch) request->result = failed;
+}
+
+void worker_loop() {
+  t_inside = true;  // everything this thread does is pmirror's own
+  MirrorState& st = state();
+  std::unique_lock lock(st.mutex);
+  while (true) {
+    st.wake.wait(lock, [&] { return st.stop || !st.requests.empty(); });
+    if (st.requests.empty() && st.stop) break;
+    std::vector<MirrorRequest*> batch;
+    batch.swap(st.requests);
+    lock.unlock();
+    mirror_requests(batch);
+    lock.lock();
+    for (MirrorRequest* request : batch) request->done = true;
+    st.done.notify_all();
+  }
+  lock.unlock();
+  // At exit: what was persisted is on the replicas already; closing says
+  // goodbye to them and marks the copy clean.
+  st.volume.reset();
+}
+
 void mirror_pending() {
   PendingGroup& group = t_pending;
   if (group.count == 0) return;
-  t_inside = true;
-  uint64_t last = 0;
-  for (int i = 0; i < group.count; ++i) {
-    auto started = g_volume->persist_async(group.offset[i], group.length[i]);
-    if (!started.ok()) stop_program(started.status());
-    last = *started;
+  MirrorRequest request;
+  request.group = &group;
+  {
+    MirrorState& st = state();
+    std::unique_lock lock(st.mutex);
+    st.requests.push_back(&request);
+    st.wake.notify_one();
+    st.done.wait(lock, [&] { return request.done; });
   }
   group.count = 0;
-  pmirror::Status done = g_volume->wait(last);
-  t_inside = false;
-  if (!done.ok()) stop_program(done);
+  if (!request.result.ok()) stop_program(request.result);
 }
 
 // Records [addr, addr + length) if it lies in a mapping of the local copy.
@@ -259,7 +336,9 @@ void record(const void* addr, size_t length) {
   }
 }
 
-bool mirroring() { return g_volume != nullptr && !t_inside && !g_forked_child; }
+bool mirroring() {
+  return g_watching.load(std::memory_order_acquire) && !t_inside && !g_forked_child;
+}
 
 void drain_here() {
   if (mirroring()) mirror_pending();
@@ -297,6 +376,8 @@ void leave_children_alone() {
   }
 }
 
+void stop_mirroring();
+
 __attribute__((constructor)) void start_mirroring() {
   (void)real();
   std::string config = take_env("PMIRROR_RUN_CONFIG");
@@ -331,17 +412,25 @@ __attribute__((constructor)) void start_mirroring() {
   }
   g_copy = FileIdentity{st.st_dev, st.st_ino, st.st_rdev, S_ISCHR(st.st_mode)};
   g_volume_size = (*opened)->size();
-  g_volume = std::move(*opened);
+  state().volume = std::move(*opened);
+  state().worker = std::thread(worker_loop);
+  std::atexit(stop_mirroring);
   g_watching.store(true, std::memory_order_release);
 }
 
-// At exit: what was persisted is on the replicas already; closing says
-// goodbye to them and marks the copy clean.
-__attribute__((destructor)) void stop_mirroring() {
-  if (g_volume == nullptr || g_forked_child) return;
+// At exit (atexit, registered once the volume is open: it runs before the
+// handlers registered earlier, after the program's own): the thread
+// finishes what is queued, closes the volume, and is joined.
+void stop_mirroring() {
+  MirrorState& st = state();
+  if (!st.worker.joinable() || g_forked_child) return;
   g_watching.store(false, std::memory_order_release);
-  t_inside = true;
-  g_volume.reset();
+  {
+    std::lock_guard lock(st.mutex);
+    st.stop = true;
+    st.wake.notify_one();
+  }
+  st.worker.join();
 }
 
 }  // namespace

@@ -52,7 +52,8 @@ expect "pmirrorctl events --" "--count --help --json --now"
 expect "pmirrorctl reload --" "--dry-run --help --json"
 expect "pmirrorctl config " "check"
 expect "pmirrorctl config check $work/other.yaml --node " "other1 other2"
-expect "pmirrorctl config check $work/other.yaml --" "--help --node"
+expect "pmirrorctl config check $work/other.yaml --" "--engine --help --node --volume"
+expect "pmirrorctl config check $work/other.yaml --engine " "etcd none pacemaker"
 if ((failures)); then
   echo "$failures completion(s) wrong"
   exit 1
