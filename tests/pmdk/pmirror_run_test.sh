@@ -83,6 +83,26 @@ rc=$?
   fail "no replica reachable: exit $rc: $out"
 [[ ! -e $work/log2 ]] || fail "the program ran with no replica to mirror to"
 
+echo "== the replica dies mid-stream (on_insufficient: fail): the program stops, nothing it saw durable is lost"
+pmdk_start_daemon "$pmirrord" "$work" || exit 1
+"$run" --config "$work/cluster.yaml" --volume v --node app -- \
+  "$counters" run "$pool_dir/pool" "$work/log" 1000000 >"$work/run3.out" 2>"$work/run3.err" &
+program=$!
+before=$(grep -c . "$work/log")
+for _ in $(seq 300); do
+  (($(grep -c . "$work/log") > before + 20)) && break
+  sleep 0.02
+done
+kill -9 "$daemon_pid"; wait "$daemon_pid" 2>/dev/null; daemon_pid=
+wait "$program"
+rc=$?
+# abort(3): killed by SIGABRT (128 + 6), with the reason on stderr.
+[[ $rc -eq 134 ]] || fail "the program went on without its replica: exit $rc"
+grep -q "a persist could not be mirrored" "$work/run3.err" ||
+  fail "the program did not say why it stopped: $(tail -3 "$work/run3.err")"
+last=$(awk '/^committed /{k=$2} END{print k+0}' "$work/log")
+check_replica "$last"
+
 if ((failures)); then
   echo "--- pmirrord.log"; tail -30 "$work/pmirrord.log"
   echo "$failures failure(s)" >&2
