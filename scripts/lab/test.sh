@@ -3,8 +3,9 @@
 #  1. one guest with Soft-RoCE and NVDIMMs: the rdma transport tests and the
 #     data-path integration tests over rdma (devdax + file targets, fsdax
 #     start-up check);
-#  2. two guests joined by a link with packet loss: a mirrored stream across
-#     nodes, compared by SHA-256;
+#  2. (PMIRROR_EXTENDED=1 only: scripts/test-extended.sh) two guests joined
+#     by a link with packet loss: a mirrored stream across nodes, compared
+#     by SHA-256;
 #  3. two guests: replica recovery over rdma -- kill -9 of a replica's
 #     pmirrord mid-stream and 100% netem loss, each followed by a dirty-only
 #     resync (chunks counted), every acknowledged record checked, copies
@@ -22,13 +23,17 @@ echo "== lab: one guest (rxe0 + NVDIMMs): rdma transport and data path"
 "$repo/scripts/lab/run.sh" --nvdimm --timeout 1500 -- \
   "$repo/scripts/lab/tests/guest-data-path.sh" "$build"
 
-echo "== lab: two guests, $loss packet loss: mirrored stream across nodes"
+# The packet-loss run does not fit CI's 60 minutes any more
+# (docs/testing.md): scripts/test-extended.sh runs it (PMIRROR_EXTENDED=1).
 shared="$build/lab-shared.$$"
-rm -rf "$shared" && mkdir -p "$shared"
-trap 'rm -rf "$shared"' EXIT
-"$repo/scripts/lab/run2.sh" --nvdimm --loss "$loss" --timeout 900 --rw "$shared" \
-  --a "$repo/scripts/lab/tests/two-node-loss.sh $build $shared" \
-  --b "$repo/scripts/lab/tests/two-node-loss.sh $build $shared"
+if [[ ${PMIRROR_EXTENDED:-0} == 1 ]]; then
+  echo "== lab: two guests, $loss packet loss: mirrored stream across nodes"
+  rm -rf "$shared" && mkdir -p "$shared"
+  trap 'rm -rf "$shared"' EXIT
+  "$repo/scripts/lab/run2.sh" --nvdimm --loss "$loss" --timeout 900 --rw "$shared" \
+    --a "$repo/scripts/lab/tests/two-node-loss.sh $build $shared" \
+    --b "$repo/scripts/lab/tests/two-node-loss.sh $build $shared"
+fi
 
 echo "== lab: two guests: replica recovery (kill -9, 100% loss, dirty-only resync)"
 recovery="$build/lab-recovery.$$"
