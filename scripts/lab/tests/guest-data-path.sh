@@ -30,5 +30,5 @@ PMIRROR_TEST_TIME_SCALE=${PMIRROR_TEST_TIME_SCALE:-10} \
 # libpmirror registers the program's local copy as the source of its RDMA
 # Writes (docs/transport-rdma.md); a pool on devdax is the next step.
 echo "== pmirror-run over rdma: an unmodified libpmemobj program"
-"$(dirname "$0")/../../../tests/pmdk/pmirror_run_test.sh" "$build/daemon/pmirror-run" \
-  "$build/daemon/pmirrord" "$build/examples/pmemobj-counters"
+env -u PMIRROR_TEST_FSDAX_DIR "$(dirname "$0")/../../../tests/pmdk/pmirror_run_test.sh" \
+  "$build/daemon/pmirror-run" "$build/daemon/pmirrord" "$build/examples/pmemobj-counters"
