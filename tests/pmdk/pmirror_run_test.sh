@@ -37,13 +37,18 @@ export PMIRROR_RUNTIME_DIR=$work
 
 # The replica as a fresh file (libpmemobj's recovery writes to what it
 # opens), checked by pmempool and by the program's own checker.
-check_replica() { # $1: transactions expected at least
+# $1: the transactions expected; with $2 = at-least, the checker's own rule
+# alone (every logged one there, none torn): a program stopped inside a
+# commit may leave one more on the replica than it logged.
+check_replica() {
   cp --sparse=always "$work/replica.img" "$work/replica-copy"
   local out
   out=$(pmempool check "$work/replica-copy" 2>&1) || fail "pmempool check of the replica: $out"
   out=$("$counters" check "$work/replica-copy" "$work/log" 2>&1) ||
     fail "the replica's pool: $out"
-  [[ $out =~ ^(transactions|records)\ $1\  ]] || fail "the replica holds '$out', expected $1"
+  if [[ ${2:-} != at-least ]]; then
+    [[ $out =~ ^(transactions|records)\ $1\  ]] || fail "the replica holds '$out', expected $1"
+  fi
   echo "replica: $out"
 }
 
@@ -101,7 +106,7 @@ rc=$?
 grep -q "a persist could not be mirrored" "$work/run3.err" ||
   fail "the program did not say why it stopped: $(tail -3 "$work/run3.err")"
 last=$(awk '/^committed /{k=$2} END{print k+0}' "$work/log")
-check_replica "$last"
+check_replica "$last" at-least
 
 if ((failures)); then
   echo "--- pmirrord.log"; tail -30 "$work/pmirrord.log"
