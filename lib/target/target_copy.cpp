@@ -1,6 +1,7 @@
 // The copy's side of the target: the writer claim (sessions and operator
 // commands exclude each other), opening the copy's metadata pool, and how
 // status shows it.
+#include <algorithm>
 #include <cstdio>
 
 #include "target/target_internal.h"
@@ -53,15 +54,21 @@ Status WriterClaim::claim_for_command(ServedVolume& volume, const std::string& c
                                       bool* evicted) {
   if (evicted != nullptr) *evicted = false;
   const std::string& name = volume.config.name;
+  const auto deadline = std::chrono::steady_clock::now() + wait;
   std::unique_lock lock(volume.mutex);
-  if (!volume.admin.empty()) {
+  // Another command (a demote by this node's promoter, a fence) holds the
+  // copy for moments: wait for it rather than refuse. A fence refused here
+  // left a copy unfenced because its promoter was demoting it at that
+  // instant (found by FailoverTest under ASan).
+  if (!volume.writer_released.wait_until(lock, deadline, [&] { return volume.admin.empty(); })) {
     return Status(Errc::kBusy, "volume '" + name + "' is busy: " + volume.admin +
                                    " is under way; try again when it has finished");
   }
   // A session refused after claiming (say, because the copy is promoted)
   // lets go within moments: give it that long before calling it a writer.
-  volume.writer_released.wait_for(lock, std::chrono::milliseconds(500),
-                                  [&] { return volume.writer.empty(); });
+  volume.writer_released.wait_until(
+      lock, std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(500)),
+      [&] { return volume.writer.empty(); });
   if (!volume.writer.empty() && !volume.writer_leaving) {
     if (!evict) {
       return Status(Errc::kBusy, "volume '" + name + "' has a writer: " + volume.writer +
@@ -75,7 +82,7 @@ Status WriterClaim::claim_for_command(ServedVolume& volume, const std::string& c
   }
   volume.admin = command;  // from here on, no new session claims the volume
   bool released =
-      volume.writer_released.wait_for(lock, wait, [&] { return volume.writer.empty(); });
+      volume.writer_released.wait_until(lock, deadline, [&] { return volume.writer.empty(); });
   volume.evict = false;
   if (!released) {
     std::string writer = volume.writer;

@@ -124,11 +124,12 @@ class WriterClaim {
   // A session's claim. false: somebody else writes, or an operator command
   // runs; `holder` says who / what.
   bool try_claim(ServedVolume& volume, const std::string& who, std::string& holder);
-  // An operator command's claim (promote, demote): excludes new sessions at
-  // once, then waits up to `wait` for the current writer (if any) to let go.
+  // An operator command's claim (promote, demote, a fence): waits for
+  // another command under way to finish, excludes new sessions, then waits
+  // for the current writer (if any) to let go; all within `wait`.
   // With `evict`, the writer's session is asked to end with `evict_reason`.
   // kBusy naming the writer when it is connected and !evict, or did not let
-  // go in time; kBusy naming the other command when one runs. The ended
+  // go in time; kBusy naming the other command when it outlasts `wait`. The ended
   // session is refused with `evict_code`; `evicted` (if given) says whether
   // there was one.
   Status claim_for_command(ServedVolume& volume, const std::string& command, bool evict,

@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -28,6 +29,7 @@
 #include "metadata/metadata.h"
 #include "protocol/protocol.h"
 #include "session/session.h"
+#include "target/target_internal.h"
 #include "transport/transport.h"
 
 namespace pmirror::target {
@@ -733,6 +735,47 @@ TEST_F(TargetTest, ALocalPrimaryHoldingTheCopyExcludesSessionsAndCommands) {
   primary.reset();
   auto accepted = open_session(target_->port());
   EXPECT_TRUE(accepted.ok()) << accepted.status().to_string();
+}
+
+// Commands exclude each other, but one that arrives while another runs
+// waits for it (within its own bound) instead of being refused: a fence
+// refused because this node's promoter was demoting the copy at that
+// instant left the copy unfenced. Order, not timing: the second command
+// holds the claim only after the first let go.
+TEST(WriterClaim, ACommandWaitsForTheCommandUnderWayAndIsRefusedOnlyPastItsBound) {
+  ServedVolume volume;
+  volume.config.name = "v1";
+  auto first = std::make_unique<WriterClaim>();
+  ASSERT_TRUE(first->claim_for_command(volume, "pmirrorctl demote on node c", false, "", 1s).ok());
+
+  // Past its bound, the other command is refused, naming the one under way.
+  WriterClaim impatient;
+  Status refused = impatient.claim_for_command(volume, "a fence from node b", true, "fenced", 50ms);
+  EXPECT_EQ(refused.code(), Errc::kBusy);
+  EXPECT_THAT(refused.message(),
+              HasSubstr("volume 'v1' is busy: pmirrorctl demote on node c is under way"));
+
+  std::atomic<bool> first_released{false};
+  std::atomic<bool> second_claimed{false};
+  Status second_status;
+  WriterClaim second;
+  std::thread fence([&] {
+    second_status = second.claim_for_command(volume, "a fence from node b", true, "fenced", 60s);
+    // The claim can only be held once the first one is gone.
+    EXPECT_TRUE(first_released.load());
+    second_claimed = true;
+  });
+  {
+    std::lock_guard lock(volume.mutex);
+    EXPECT_EQ(volume.admin, "pmirrorctl demote on node c");
+  }
+  EXPECT_FALSE(second_claimed.load());
+  first_released = true;
+  first.reset();  // the demote ends
+  fence.join();
+  ASSERT_TRUE(second_status.ok()) << second_status.to_string();
+  std::lock_guard lock(volume.mutex);
+  EXPECT_EQ(volume.admin, "a fence from node b");
 }
 
 }  // namespace
