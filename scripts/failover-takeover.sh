@@ -7,6 +7,8 @@
 # primary's application acknowledged, every run's time, the median and the
 # maximum, beside the lease's ttl and the load average.
 #   scripts/failover-takeover.sh [RUNS] [BUILD_DIR]
+# With PMIRROR_FAILOVER_TRACE=1 the test also prints the kill's time and
+# every node's pmirrord, promoter and application log: where the time went.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 runs=${1:-10}
@@ -29,6 +31,7 @@ for ((i = 1; i <= runs; i++)); do
   ttl=$(grep -o 'ttl [0-9]*' <<<"$line" | awk '{print $2}')
   times+=("$ms")
   echo "run $i: $line"
+  [[ -z ${PMIRROR_FAILOVER_TRACE:-} ]] || sed -n '/\[failover\] killed at/,/^\[----------\]/p' <<<"$out"
 done
 sorted=$(printf '%s\n' "${times[@]}" | sort -n)
 median=$(awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : int((a[NR/2]+a[NR/2+1])/2)}' <<<"$sorted")

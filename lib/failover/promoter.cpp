@@ -167,7 +167,7 @@ struct Promoter::Impl {
   struct Volume {
     const config::ClusterVolume* config = nullptr;
     VolumeKeys keys;
-    size_t rank = 0;   // the node's place among the volume's nodes: primary first
+    std::vector<std::string> nodes;  // the volume's nodes: primary first
     std::string path;  // this node's copy
     std::unique_ptr<LeaseFileWriter> lease_file;
     bool held = false;
@@ -580,6 +580,18 @@ struct Promoter::Impl {
     return {};
   }
 
+  // How many of the nodes ahead of this one in the volume's order have a
+  // copy record in etcd this round (one under a live lease).
+  size_t live_rank(const Volume& v) {
+    size_t rank = 0;
+    for (const std::string& node : v.nodes) {
+      if (node == options.node) break;
+      auto record = key_now(v.keys.copies + node);
+      if (!record.ok() || *record) ++rank;  // unknown counts as live: the safe side
+    }
+    return rank;
+  }
+
   void step(Volume& v) {
     const int64_t lease_id = current_lease();
     auto leader = key_now(v.keys.leader);
@@ -643,8 +655,11 @@ struct Promoter::Impl {
     // Two polls at least, for every node to publish its copy's sequence;
     // equal candidates then go in the file's order (the configured primary
     // first), one renew interval apart, so that they do not race to promote.
+    // Only live nodes count: a node ahead of this one whose copy record went
+    // with its lease (the dead primary, as a rule) cannot take over, and
+    // waiting for it cost every takeover a renew interval.
     if (now - *v.absent_since <
-        std::max(2 * poll_interval(), static_cast<int64_t>(v.rank) * etcd_settings.renew)) {
+        std::max(2 * poll_interval(), static_cast<int64_t>(live_rank(v)) * etcd_settings.renew)) {
       return;
     }
     const int64_t since = unix_ms();
@@ -783,7 +798,7 @@ Result<std::unique_ptr<Promoter>> Promoter::create(PromoterOptions options) {
     Impl::Volume v;
     v.config = &volume;
     v.keys = volume_keys(etcd, kept.name, volume.name);
-    v.rank = static_cast<size_t>(it - nodes.begin());
+    v.nodes = nodes;
     auto path = volume.paths.find(me);
     if (path != volume.paths.end()) v.path = path->second;
     std::string lease_path = node->daemon.lease_dir + "/" + volume.name + ".lease";

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -270,6 +271,18 @@ TEST_F(FailoverTest, KilledPrimaryIsReplacedAndItsAcknowledgedRecordsSurvive) {
   std::fprintf(stderr, "[failover] node %s serves %lld ms after the kill (ttl %lld ms)\n",
                next.c_str(), static_cast<long long>(took.count()),
                static_cast<long long>(std::chrono::milliseconds(kTtl).count()));
+  // scripts/failover-takeover.sh --trace: where the time went, from the logs.
+  if (std::getenv("PMIRROR_FAILOVER_TRACE") != nullptr) {
+    const auto killed_wall = std::chrono::system_clock::now() - (Clock::now() - killed_at);
+    const std::time_t t = std::chrono::system_clock::to_time_t(killed_wall);
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(killed_wall.time_since_epoch()) %
+        1000;
+    char stamp[32];
+    std::strftime(stamp, sizeof stamp, "%H:%M:%S", std::localtime(&t));
+    std::fprintf(stderr, "[failover] killed at %s.%03lld\n%s\n", stamp,
+                 static_cast<long long>(ms.count()), diagnostics().c_str());
+  }
 
   // Every record a saw acknowledged is on the new primary's copy.
   RecordLayout layout(kSize, kRecord);
