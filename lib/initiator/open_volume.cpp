@@ -20,11 +20,17 @@ OpenVolume::OpenVolume(const VolumeOptions& options, std::unique_ptr<region::Reg
   peers.set_listener(&resyncer);
 }
 
-void OpenVolume::begin_sessions(std::vector<Result<std::unique_ptr<Replica>>>& connected) {
+void OpenVolume::begin_sessions(
+    std::vector<Result<std::unique_ptr<Replica>>>& connected,
+    std::vector<std::future<Result<std::unique_ptr<Replica>>>>& still_connecting) {
   std::lock_guard lock(core.mutex);
   uint64_t highest = 0;
   for (size_t i = 0; i < connected.size(); ++i) {
     Peer& peer = *peers.all()[i];
+    if (still_connecting[i].valid()) {
+      peers.connect_continues(peer, std::move(still_connecting[i]));
+      continue;
+    }
     if (!connected[i].ok()) {
       peers.connect_failed(peer, connected[i].status());
       continue;

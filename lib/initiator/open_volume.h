@@ -7,6 +7,7 @@
 // those above it, and is destroyed before them.
 #pragma once
 
+#include <future>
 #include <memory>
 #include <vector>
 
@@ -43,7 +44,15 @@ struct OpenVolume {
   // order): decides each one's sync and starts the resyncs needed;
   // sequences go on past whatever any replica recorded, so that each target
   // sees them rise. Takes the volume mutex.
-  void begin_sessions(std::vector<Result<std::unique_ptr<Replica>>>& connected);
+  // `connected[i]` is replica i's answer, unless `still_connecting[i]` is
+  // valid: its attempt goes on in the background, as a reconnect.
+  void begin_sessions(std::vector<Result<std::unique_ptr<Replica>>>& connected,
+                      std::vector<std::future<Result<std::unique_ptr<Replica>>>>& still_connecting);
+  // Every replica answered.
+  void begin_sessions(std::vector<Result<std::unique_ptr<Replica>>>& connected) {
+    std::vector<std::future<Result<std::unique_ptr<Replica>>>> none(connected.size());
+    begin_sessions(connected, none);
+  }
   // Waits until `ack` replicas are in sync (their initial or catch-up
   // resyncs run in the background, by the supervisor), up to
   // open_sync_timeout; otherwise stops the supervisor and says which

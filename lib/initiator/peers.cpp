@@ -262,6 +262,13 @@ void Peers::connect_failed(Peer& peer, const Status& why) {
                         why.message());
 }
 
+void Peers::connect_continues(Peer& peer, std::future<Result<std::unique_ptr<Replica>>> attempt) {
+  ensure_tracked(peer);
+  peer.connecting = std::move(attempt);
+  peer.state.transition(PeerState::kConnecting,
+                        "no answer yet at open; still connecting in the background");
+}
+
 void Peers::become_in_sync(Peer& peer, const std::string& reason) {
   peer.in_sync = true;
   peer.in_sync_since = ledger_.next_sequence();

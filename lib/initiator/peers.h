@@ -169,6 +169,10 @@ class Peers {
   std::optional<ResyncNeeded> begin_session(Peer& peer, std::unique_ptr<Replica> replica);
   // A connection attempt at open failed: retry later.
   void connect_failed(Peer& peer, const Status& why);
+  // Open went on without the peer's answer (enough others are in sync):
+  // its attempt finishes in the background as a reconnect does, and what
+  // is written meanwhile is recorded for it.
+  void connect_continues(Peer& peer, std::future<Result<std::unique_ptr<Replica>>> attempt);
   void become_in_sync(Peer& peer, const std::string& reason);
   // Connecting can take seconds: it runs on its own thread, so that the
   // supervisor keeps pinging and resyncing the other peers meanwhile.

@@ -15,8 +15,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include "common/log.h"
@@ -223,15 +225,68 @@ Result<std::unique_ptr<Volume>> Volume::Impl::open(const VolumeOptions& options,
 
   // Connect to every replica at once: a slow one should not delay the rest.
   std::vector<std::future<Result<std::unique_ptr<Replica>>>> pending;
+  // What the attempts read lives in the volume (an attempt may outlast
+  // open: see below), never in the caller's options.
   for (size_t i = 0; i < options.replicas.size(); ++i) {
-    const ReplicaSpec& spec = options.replicas[i];
+    const ReplicaSpec& spec = impl->peers.all()[i]->spec;
     protocol::Lineage lineage = core.lineage(impl->peers.all()[i]->meta_index);
-    pending.push_back(std::async(std::launch::async, [&options, &spec, &core, lineage] {
-      return Replica::connect({options, spec, core.local->data(), core.local->size(), lineage});
+    pending.push_back(std::async(std::launch::async, [&spec, &core, lineage] {
+      return Replica::connect(
+          {core.options, spec, core.local->data(), core.local->size(), lineage});
     }));
   }
+  // Every answer is waited for, but not a dead node's connect timeout once
+  // the ack policy can be met: the others then get a grace (four times what
+  // the answers so far took, at least 1 s, at most half the connect
+  // timeout) and go on connecting in the background, as reconnects. A
+  // promoted copy's application otherwise waited the whole timeout for the
+  // dead old primary's node (docs/failover.md, section 3).
+  const uint32_t required = impl->peers.required_acks();
+  const auto opened_at = Clock::now();
+  std::vector<std::optional<Result<std::unique_ptr<Replica>>>> answers(pending.size());
+  std::optional<Clock::time_point> rest_until;
+  while (true) {
+    size_t answered = 0;
+    uint32_t usable = 0;
+    bool misconfigured = false;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (!answers[i] &&
+          pending[i].wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+        answers[i] = pending[i].get();
+      }
+      if (!answers[i]) continue;
+      ++answered;
+      if (answers[i]->ok()) {
+        ++usable;
+      } else if (is_misconfiguration(answers[i]->status().code()) ||
+                 is_demotion(answers[i]->status().code())) {
+        misconfigured = true;  // open fails anyway: say so with every answer
+      }
+    }
+    if (answered == pending.size()) break;
+    const auto now = Clock::now();
+    if (!rest_until && usable >= required && required > 0 && !misconfigured) {
+      auto grace = std::max<Clock::duration>(4 * (now - opened_at), std::chrono::seconds(1));
+      grace = std::min<Clock::duration>(grace, options.connect_timeout / 2);
+      rest_until = now + grace;
+    }
+    if (rest_until && now >= *rest_until) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
   std::vector<Result<std::unique_ptr<Replica>>> connected;
-  for (auto& future : pending) connected.push_back(future.get());
+  for (size_t i = 0; i < pending.size(); ++i) {
+    if (answers[i]) {
+      connected.push_back(std::move(*answers[i]));
+    } else {
+      log::info(
+          "volume {}: replica {} has not answered yet; opening without it, it goes on "
+          "connecting in the background",
+          options.name, impl->peers.all()[i]->label);
+      connected.push_back(Status(Errc::kConnectionError, "still connecting"));
+    }
+  }
+  // The attempts that go on: valid futures (answered ones were collected).
+  std::vector<std::future<Result<std::unique_ptr<Replica>>>>& still_connecting = pending;
 
   auto fail_open = [&](Status why) -> Status {
     for (auto& result : connected) {
@@ -246,7 +301,7 @@ Result<std::unique_ptr<Volume>> Volume::Impl::open(const VolumeOptions& options,
   std::string errors;
   Errc first_code = Errc::kOk;
   for (size_t i = 0; i < connected.size(); ++i) {
-    if (connected[i].ok()) continue;
+    if (connected[i].ok() || still_connecting[i].valid()) continue;
     if (first_code == Errc::kOk || is_misconfiguration(connected[i].status().code())) {
       if (first_code == Errc::kOk || !is_misconfiguration(first_code)) {
         first_code = connected[i].status().code();
@@ -264,15 +319,13 @@ Result<std::unique_ptr<Volume>> Volume::Impl::open(const VolumeOptions& options,
                                   "on the promoted node, or demote it there first"));
     }
   }
-  if (first_code != Errc::kOk &&
-      (is_misconfiguration(first_code) ||
-       connected.size() - std::count_if(connected.begin(), connected.end(), [](const auto& r) {
-         return !r.ok();
-       }) < impl->peers.required_acks())) {
+  const auto usable = static_cast<size_t>(
+      std::count_if(connected.begin(), connected.end(), [](const auto& r) { return r.ok(); }));
+  if (first_code != Errc::kOk && (is_misconfiguration(first_code) || usable < required)) {
     return fail_open(Status(first_code, "opening volume '" + options.name + "': " + errors));
   }
 
-  impl->begin_sessions(connected);
+  impl->begin_sessions(connected, still_connecting);
   impl->supervisor.start();
   if (Status synced = impl->wait_for_ack_replicas(); !synced.ok()) return fail_open(synced);
 

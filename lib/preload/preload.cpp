@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -227,8 +228,24 @@ __attribute__((tls_model("initial-exec"))) thread_local PendingGroup t_pending{}
 struct MirrorRequest {
   const PendingGroup* group = nullptr;
   pmirror::Status result;
-  bool done = false;
+  std::atomic<bool> done{false};  // set after result, with release
 };
+
+// The hand-off spins before it sleeps: a libpmemobj transaction drains
+// about five times, a few microseconds apart, and a futex wake-up of each
+// side at each drain cost as much as the mirror's round trip itself
+// (docs/benchmarks.md, "Unmodified PMDK programs"). Bounded, and yielding,
+// so that a 2-core machine still runs everyone else.
+constexpr auto kSpin = std::chrono::microseconds(100);
+template <typename Ready>
+bool spin_until(Ready ready) {
+  const auto until = std::chrono::steady_clock::now() + kSpin;
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
 
 // The volume and its thread. Made in the constructor and never destroyed:
 // static destructors run at exit before this library's own destructor
@@ -240,7 +257,9 @@ struct MirrorState {
   std::condition_variable wake;  // a request, or stop
   std::condition_variable done;  // requests finished
   std::vector<MirrorRequest*> requests;
+  std::atomic<size_t> queued{0};  // requests.size(), read without the mutex by the spin
   bool stop = false;
+  bool worker_asleep = false;  // guarded by mutex: notify only then
   std::thread worker;
 };
 MirrorState& state() {
@@ -269,16 +288,25 @@ void mirror_requests(std::vector<MirrorRequest*>& batch) {
 void worker_loop() {
   t_inside = true;  // everything this thread does is pmirror's own
   MirrorState& st = state();
+  std::vector<MirrorRequest*> batch;
   std::unique_lock lock(st.mutex);
   while (true) {
-    st.wake.wait(lock, [&] { return st.stop || !st.requests.empty(); });
+    if (st.requests.empty() && !st.stop) {
+      lock.unlock();
+      spin_until([&] { return st.queued.load(std::memory_order_acquire) != 0; });
+      lock.lock();
+      st.worker_asleep = true;
+      st.wake.wait(lock, [&] { return st.stop || !st.requests.empty(); });
+      st.worker_asleep = false;
+    }
     if (st.requests.empty() && st.stop) break;
-    std::vector<MirrorRequest*> batch;
+    batch.clear();
     batch.swap(st.requests);
+    st.queued.store(0, std::memory_order_relaxed);
     lock.unlock();
     mirror_requests(batch);
     lock.lock();
-    for (MirrorRequest* request : batch) request->done = true;
+    for (MirrorRequest* request : batch) request->done.store(true, std::memory_order_release);
     st.done.notify_all();
   }
   lock.unlock();
@@ -296,8 +324,13 @@ void mirror_pending() {
     MirrorState& st = state();
     std::unique_lock lock(st.mutex);
     st.requests.push_back(&request);
-    st.wake.notify_one();
-    st.done.wait(lock, [&] { return request.done; });
+    st.queued.store(st.requests.size(), std::memory_order_release);
+    if (st.worker_asleep) st.wake.notify_one();
+    lock.unlock();
+    if (!spin_until([&] { return request.done.load(std::memory_order_acquire); })) {
+      lock.lock();
+      st.done.wait(lock, [&] { return request.done.load(std::memory_order_acquire); });
+    }
   }
   group.count = 0;
   if (!request.result.ok()) stop_program(request.result);
