@@ -5,8 +5,10 @@
 // processes over tcp loopback.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <future>
@@ -46,10 +48,22 @@ bool in_sync(const Volume& volume, const std::string& name) {
          p.value("dirty_chunks", uint64_t{1}) == 0 && !p.contains("resync");
 }
 
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? value : fallback;
+}
+
 class InsufficientTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    cluster_ = std::make_unique<TestCluster>(dir_.path(), "tcp", "127.0.0.1");
+    // tcp on loopback, unless the lab runs them over rdma
+    // (PMIRROR_TEST_TRANSPORT, _ADDRESS; PMIRROR_TEST_TIME_SCALE stretches
+    // the timers for its slower guest).
+    cluster_ = std::make_unique<TestCluster>(dir_.path(), env_or("PMIRROR_TEST_TRANSPORT", "tcp"),
+                                             env_or("PMIRROR_TEST_ADDRESS", "127.0.0.1"));
+    const int scale = std::max(1, std::stoi(env_or("PMIRROR_TEST_TIME_SCALE", "1")));
+    cluster_->heartbeat_interval = std::to_string(200 * scale) + "ms";
+    cluster_->heartbeat_timeout = std::to_string(1000 * scale) + "ms";
     ::setenv("PMIRROR_RUNTIME_DIR", cluster_->runtime_dir().c_str(), 1);
   }
   void TearDown() override {
