@@ -2,8 +2,8 @@
 # Runs INSIDE one lab guest (scripts/lab/run.sh --nvdimm): the data-path
 # integration tests over rdma (rxe0), the first target on devdax, the second
 # on a plain file; the fsdax start-up check; the rdma transport tests; the
-# three-node cluster status transitions over rdma; pmirror-run with a
-# libpmemobj program.
+# three-node cluster status transitions over rdma; the ack policy at open
+# and on a lost replica; pmirror-run with a libpmemobj program.
 set -euo pipefail
 build=${1:?usage: guest-data-path.sh BUILD_DIR}
 : "${PMIRROR_LAB_SELF:?not in a lab guest}"
@@ -26,6 +26,10 @@ echo "== cluster status over rdma (a replica stopped, restarted, resynced; reloa
 echo "== replica recovery over rdma (kill -9 target/initiator, promote, split brain, verify)"
 PMIRROR_TEST_TIME_SCALE=${PMIRROR_TEST_TIME_SCALE:-10} \
   "$build/tests/integration/recovery_test" --gtest_brief=1
+echo "== the ack policy over rdma: open without a replica that does not answer; fail; block"
+PMIRROR_TEST_TIME_SCALE=${PMIRROR_TEST_TIME_SCALE:-10} \
+  "$build/tests/integration/insufficient_test" --gtest_brief=1 \
+  --gtest_filter='InsufficientTest.OpenGoesOn*:InsufficientTest.FailReturns*:InsufficientTest.BlockWaits*'
 # The pool on a plain file: rxe0 cannot register fsdax pages (no ODP), and
 # libpmirror registers the program's local copy as the source of its RDMA
 # Writes (docs/transport-rdma.md); a pool on devdax is the next step.
