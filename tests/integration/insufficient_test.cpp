@@ -72,14 +72,15 @@ class InsufficientTest : public ::testing::Test {
     ::unsetenv("PMIRROR_RUNTIME_DIR");
   }
 
-  // app (this process) -> n1, ack 1, on_insufficient as given.
-  void make_cluster(const std::string& policy) {
+  // app (this process) -> `replicas` (each a started pmirrord), ack 1,
+  // on_insufficient as given (empty: the default).
+  void make_cluster(const std::string& policy, const std::vector<std::string>& replicas = {"n1"}) {
     cluster_->add_node("app", false);
-    cluster_->add_node("n1");
+    for (const std::string& node : replicas) cluster_->add_node(node);
     ClusterVolumeSpec spec;
     spec.size = 4ull << 20;
     spec.primary = "app";
-    spec.replicas = {"n1"};
+    spec.replicas = replicas;
     spec.ack = 1;
     spec.on_insufficient = policy;
     spec.chunk = "64KiB";
@@ -87,7 +88,9 @@ class InsufficientTest : public ::testing::Test {
     spec.explicit_metadata = true;
     cluster_->add_volume(spec);
     cluster_->write_config();
-    ASSERT_TRUE(cluster_->start("n1")) << cluster_->logs();
+    for (const std::string& node : replicas) {
+      ASSERT_TRUE(cluster_->start(node)) << cluster_->logs();
+    }
   }
 
   ShmDir dir_;
@@ -187,21 +190,7 @@ TEST_F(InsufficientTest, APersistWiderThanTheActivityLogArrivesWhole) {
 // is ten minutes: an open that waited for it would not return before the
 // replica is thawed, which happens only after open returned.
 TEST_F(InsufficientTest, OpenGoesOnWithoutAReplicaThatDoesNotAnswerOnceTheAckPolicyIsMet) {
-  cluster_->add_node("app", false);
-  cluster_->add_node("n1");
-  cluster_->add_node("n2");
-  ClusterVolumeSpec spec;
-  spec.size = 4ull << 20;
-  spec.primary = "app";
-  spec.replicas = {"n1", "n2"};
-  spec.ack = 1;
-  spec.chunk = "64KiB";
-  spec.resync_rate = "unlimited";
-  spec.explicit_metadata = true;
-  cluster_->add_volume(spec);
-  cluster_->write_config();
-  ASSERT_TRUE(cluster_->start("n1")) << cluster_->logs();
-  ASSERT_TRUE(cluster_->start("n2")) << cluster_->logs();
+  ASSERT_NO_FATAL_FAILURE(make_cluster("", {"n1", "n2"}));
   cluster_->daemon("n2").signal(SIGSTOP);  // its socket still accepts; nothing answers
 
   auto opening = std::async(std::launch::async, [&] {
