@@ -127,6 +127,22 @@ void Peers::mark_missed(Peer& peer, uint64_t offset, uint64_t length) {
   if (listener_ != nullptr) listener_->range_missed(peer, offset, length);
 }
 
+void Peers::mark_unsent(uint64_t offset, uint64_t length) {
+  // A fenced primary (or one whose lease lapsed) writes to no replica any
+  // more: the new primary resyncs them; the marks only keep the record.
+  const bool may_write = core_.fenced.ok() && core_.check_lease(failover::monotonic_now_ns()).ok();
+  for (const auto& peer : peers_) {
+    ensure_tracked(*peer);
+    if (!peer->live()) {
+      mark_dirty(*peer, offset, length);
+      continue;
+    }
+    mark_missed(*peer, offset, length);
+    // A lagging peer's resync starts when it answers again.
+    if (may_write && !peer->lagging && listener_ != nullptr) listener_->unsent_ranges(*peer);
+  }
+}
+
 // --------------------------------------------------- lagging and losing
 
 void Peers::start_lagging(Peer& peer, const Status& why) {

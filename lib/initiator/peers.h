@@ -101,6 +101,9 @@ class PeerListener {
   // [offset, +length) was marked dirty for a connected peer that does not
   // get it by a persist (it lags, or verify found it different).
   virtual void range_missed(Peer& peer, uint64_t offset, uint64_t length) = 0;
+  // A connected peer has dirty ranges that no persist will bring it (a
+  // persist failed before it was sent): copy them.
+  virtual void unsent_ranges(Peer& peer) = 0;
 };
 
 // A session opened and the copies' generations call for a resync.
@@ -146,6 +149,12 @@ class Peers {
   // persist (the listener hears of it: a resync copy of it in flight must
   // not clean it).
   void mark_missed(Peer& peer, uint64_t offset, uint64_t length);
+  // A persist of [offset, +length) failed before it reached every peer (or
+  // before it was started): the application stored those bytes in the
+  // local copy, so they are dirty for every peer, whatever the persist
+  // returned, until a resync copies them. A connected peer gets that
+  // resync now; one away gets it when it reconnects.
+  void mark_unsent(uint64_t offset, uint64_t length);
 
   // ---- lagging and losing
   // The peer cannot take the persist just started without holding the

@@ -129,7 +129,13 @@ Result<uint64_t> PersistPipeline::start(std::unique_lock<std::mutex>& lock, uint
     // Pieces end on an extent boundary, so each touches at most
     // kActivityLogSlots / 4 extents.
     uint64_t piece = std::min(length, kPiece - offset % metadata::kActivityExtent);
-    PMIRROR_ASSIGN_OR_RETURN(sequence, start_piece(lock, offset, piece));
+    Result<uint64_t> started = start_piece(lock, offset, piece);
+    if (!started.ok()) {
+      // The bytes are in the local copy already, and maybe on no replica.
+      peers_.mark_unsent(offset, length);
+      return started.status();
+    }
+    sequence = *started;
     offset += piece;
     length -= piece;
   }

@@ -36,7 +36,9 @@ class PersistPipeline {
   // Starts persisting [offset, +length) (length > 0); returns the sequence
   // that stands for it. A persist larger than a quarter of the activity
   // log is started as several, so that each fits in the log; they complete
-  // in order, so the last one's sequence stands for the whole.
+  // in order, so the last one's sequence stands for the whole. When it
+  // fails, what it did not start is marked dirty for every replica
+  // (Peers::mark_unsent): the local copy holds those bytes either way.
   Result<uint64_t> start(std::unique_lock<std::mutex>& lock, uint64_t offset, uint64_t length);
   // Returns once every persist up to `sequence` is durable on `ack` in-sync
   // replicas; replicas beyond `ack` keep their copy of the persist in

@@ -193,4 +193,12 @@ void Resyncer::range_missed(Peer& peer, uint64_t offset, uint64_t length) {
   if (offset < begin + job.copy_length && offset + length > begin) job.copy_stale = true;
 }
 
+void Resyncer::unsent_ranges(Peer& peer) {
+  // A resync under way finds the new dirty chunks (its cursor wraps, and
+  // it does not finish while any is left).
+  if (jobs_[peer.index].active) return;
+  start(peer, false, "copying what failed persists left out");
+  core_.supervisor_wakeup.wake();
+}
+
 }  // namespace pmirror::initiator

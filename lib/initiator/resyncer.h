@@ -56,6 +56,7 @@ class Resyncer : public PeerListener {
   // PeerListener
   void session_ended(Peer& peer) override;
   void range_missed(Peer& peer, uint64_t offset, uint64_t length) override;
+  void unsent_ranges(Peer& peer) override;
 
  private:
   struct Job {

@@ -72,16 +72,17 @@ class InsufficientTest : public ::testing::Test {
     ::unsetenv("PMIRROR_RUNTIME_DIR");
   }
 
-  // app (this process) -> `replicas` (each a started pmirrord), ack 1,
-  // on_insufficient as given (empty: the default).
-  void make_cluster(const std::string& policy, const std::vector<std::string>& replicas = {"n1"}) {
+  // app (this process) -> `replicas` (each a started pmirrord), `ack` of
+  // them, on_insufficient as given (empty: the default).
+  void make_cluster(const std::string& policy, const std::vector<std::string>& replicas = {"n1"},
+                    uint32_t ack = 1) {
     cluster_->add_node("app", false);
     for (const std::string& node : replicas) cluster_->add_node(node);
     ClusterVolumeSpec spec;
     spec.size = 4ull << 20;
     spec.primary = "app";
     spec.replicas = replicas;
-    spec.ack = 1;
+    spec.ack = ack;
     spec.on_insufficient = policy;
     spec.chunk = "64KiB";
     spec.resync_rate = "unlimited";
@@ -180,6 +181,57 @@ TEST_F(InsufficientTest, APersistWiderThanTheActivityLogArrivesWhole) {
   ASSERT_TRUE(done.ok()) << done.to_string();
   opened->reset();
   EXPECT_TRUE(read_file(cluster_->copy_path("app")) == read_file(cluster_->copy_path("n1")));
+}
+
+// Persists that fail leave their bytes in the local copy: they are dirty
+// for every replica, whatever failed and wherever, until a resync copies
+// them. Here, with ack 2 of 2 and n2 away, each persist fails, most of them
+// before being sent to anyone (the max_in_flight window is full of failed
+// persists); n1 stays connected, n2 comes back; both must end equal to the
+// local copy without anyone marking them dirty by hand.
+TEST_F(InsufficientTest, FailedPersistsLeaveTheirBytesDirtyForEveryReplicaUntilResynced) {
+  ASSERT_NO_FATAL_FAILURE(make_cluster("fail", {"n1", "n2"}, 2));
+  auto opened = Volume::open_from_config(cluster_->config_path(), "v", "app", "app");
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  Volume& v = **opened;
+  ASSERT_TRUE(v.write(0, "before", 6).ok());
+
+  cluster_->daemon("n2").kill9();
+  // Far more than max_in_flight (32) persists, each in a 64 KiB chunk of
+  // its own, all failing.
+  constexpr int kRecords = 48;
+  int failed = 0;
+  for (int i = 1; i <= kRecords; ++i) {
+    std::string record = "record " + std::to_string(i);
+    if (!v.write(uint64_t(i) * 65536, record.data(), record.size()).ok()) ++failed;
+  }
+  ASSERT_GE(failed, kRecords - 1) << v.status_json();
+  // n2 has every one of them dirty; n1, which stayed, got them by a
+  // resync (or still has them dirty while it runs).
+  EXPECT_GE(peer_of(v, "n2").value("dirty_chunks", uint64_t{0}), uint64_t(kRecords - 1))
+      << v.status_json();
+  ASSERT_TRUE(testing::eventually([&] { return in_sync(v, "n1"); }, 30s)) << v.status_json();
+  std::vector<char> n1 = read_file(cluster_->copy_path("n1"));
+  for (int i = 1; i <= kRecords; ++i) {
+    std::string record = "record " + std::to_string(i);
+    ASSERT_EQ(std::string(n1.data() + uint64_t(i) * 65536, record.size()), record) << i;
+  }
+
+  ASSERT_TRUE(cluster_->start("n2")) << cluster_->logs();
+  ASSERT_TRUE(testing::eventually([&] { return in_sync(v, "n2"); }, 30s)) << v.status_json();
+  auto verified = v.verify("", /*mark_dirty=*/false);
+  ASSERT_TRUE(verified.ok()) << verified.status().to_string();
+  ASSERT_EQ(verified->size(), 2u);
+  for (const auto& peer : *verified) {
+    EXPECT_TRUE(peer.status.ok()) << peer.peer << ": " << peer.status.to_string();
+    EXPECT_TRUE(peer.mismatches.empty())
+        << peer.peer << ": " << peer.mismatches.size() << " mismatching ranges, the first at "
+        << peer.mismatches.front().first;
+  }
+  ASSERT_TRUE(v.write(0, "after", 5).ok());
+  opened->reset();
+  EXPECT_TRUE(read_file(cluster_->copy_path("app")) == read_file(cluster_->copy_path("n1")));
+  EXPECT_TRUE(read_file(cluster_->copy_path("app")) == read_file(cluster_->copy_path("n2")));
 }
 
 // Open waits for every replica's answer, but not for one that does not
