@@ -301,7 +301,9 @@ typedef struct pmirror_volume pmirror_volume;
  * longer the primary), -PMIRROR_E_CONNECTION / -PMIRROR_E_TIMEOUT (fewer
  * than `ack` replicas in sync in time), -PMIRROR_E_IO (the local copy or
  * its metadata). pmirror_errormsg() names each replica at fault and why.
- * On error *volume_ptr is NULL and nothing is left open. */
+ * On error *volume_ptr is NULL and nothing is left open. A cfg with no
+ * replica opens (0) but mirrors nothing: every persist is durable on the
+ * local copy only; the open logs a warning and status says "local only". */
 PMIRROR_EXPORT int pmirror_open(const struct pmirror_cfg* cfg, pmirror_volume** volume_ptr);
 
 /* Opens `volume` as the cluster file at `config_path` describes it: this

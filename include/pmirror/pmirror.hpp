@@ -183,6 +183,9 @@ class PMIRROR_EXPORT Volume {
   // kConnectionError / kTimeout (fewer than `ack` replicas
   // reachable in time), kIoError (the local copy or its metadata). The
   // message names every replica at fault and why; nothing is left open.
+  // Options with no replica open, but mirror nothing: every persist is
+  // durable on the local copy only (a warning is logged; status says
+  // local_only).
   static Result<std::unique_ptr<Volume>> open(const VolumeOptions& options);
   // Opens `volume` as the cluster configuration file describes it: this
   // node (`node`, or the one named like this host) must hold a copy; the

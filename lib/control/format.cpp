@@ -438,6 +438,8 @@ std::string format_status_human(const nlohmann::json& merged,
         out += peer_line(peer, format) + "\n";
         out += peer_details(peer, v);
       }
+    } else if (v.value("local_only", false)) {
+      out += "  (no replicas: a persist is durable on this copy only; nothing is mirrored)\n";
     } else {
       out += "  (no peers)\n";
     }

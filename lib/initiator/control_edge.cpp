@@ -81,6 +81,9 @@ json to_json(const VolumeStatus& s) {
   volume["acknowledged_sequence"] = s.acknowledged_sequence;
   volume["ack_required"] = s.ack_required;
   volume["in_sync"] = s.in_sync;
+  // No replica configured: every persist is local only (pmirrorctl status
+  // says so in words).
+  volume["local_only"] = s.peers.empty();
   volume["identity"] = s.identity;
   volume["opened_at"] = format_rfc3339(s.opened_at);
   volume["lease"] = s.lease ? json{{"file", s.lease->file}, {"remaining_ms", s.lease->remaining_ms}}

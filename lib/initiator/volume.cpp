@@ -222,6 +222,15 @@ Result<std::unique_ptr<Volume>> Volume::Impl::open(const VolumeOptions& options,
   for (const auto& spec : options.replicas) {
     PMIRROR_RETURN_IF_ERROR(impl->peers.add(spec, sink));
   }
+  if (options.replicas.empty()) {
+    // Allowed (a primary whose replicas are yet to come, a test), but never
+    // silent: nothing this volume persists survives the loss of this node.
+    log::warn(
+        "volume {}: opened with no replicas: a persist is durable on this node's copy only and "
+        "nothing is mirrored; give the volume replicas (pmirror-cluster.yaml(5), or "
+        "pmirror_cfg(3))",
+        options.name);
+  }
 
   // Connect to every replica at once: a slow one should not delay the rest.
   std::vector<std::future<Result<std::unique_ptr<Replica>>>> pending;

@@ -440,3 +440,42 @@ int c_api_log_function(const char* first_path, const char* second_path, uint16_t
 }
 
 int c_api_open_null(void) { return pmirror_open(NULL, NULL); }
+
+struct warnings {
+  int no_replicas; /* warnings saying the volume mirrors nothing */
+};
+
+static void collect_warning(enum pmirror_log_level level, const char* message, void* arg) {
+  struct warnings* seen = arg;
+  if (level == PMIRROR_LOG_WARN && strstr(message, "no replicas") != NULL &&
+      strstr(message, "nothing is mirrored") != NULL)
+    seen->no_replicas++;
+}
+
+/* A volume with no replica opens and persists, but says so: a warning at
+ * open, and local_only in its status. */
+int c_api_no_replicas(const char* local_path, char* error, size_t error_size) {
+  struct warnings seen = {0};
+  EXPECT_RC(pmirror_log_set_function(collect_warning, &seen), 0);
+  EXPECT_RC(pmirror_log_set_threshold(PMIRROR_LOG_INFO), 0);
+  struct pmirror_cfg* cfg = NULL;
+  EXPECT_RC(pmirror_cfg_new(&cfg), 0);
+  EXPECT_RC(pmirror_cfg_set_name(cfg, "alone"), 0);
+  EXPECT_RC(pmirror_cfg_set_local_path(cfg, local_path), 0);
+  EXPECT_RC(pmirror_cfg_set_size(cfg, 1 << 20), 0);
+  EXPECT_RC(pmirror_cfg_set_create(cfg, true), 0);
+  EXPECT_RC(pmirror_cfg_set_identity(cfg, "app"), 0);
+  pmirror_volume* volume = NULL;
+  int rc = pmirror_open(cfg, &volume);
+  pmirror_cfg_delete(&cfg);
+  EXPECT_RC(pmirror_log_set_function(NULL, NULL), 0);
+  if (rc != 0) return failed(error, error_size, "open: %d %s", rc, pmirror_errormsg());
+  EXPECT_TRUE(seen.no_replicas == 1);
+  EXPECT_RC(pmirror_persist(volume, 0, 64), 0);
+  char* status = NULL;
+  EXPECT_RC(pmirror_status(volume, &status), 0);
+  EXPECT_TRUE(status != NULL && strstr(status, "\"local_only\":true") != NULL);
+  pmirror_status_free(&status);
+  EXPECT_RC(pmirror_close(&volume), 0);
+  return 0;
+}

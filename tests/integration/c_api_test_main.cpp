@@ -1,17 +1,18 @@
 #include <gtest/gtest.h>
+#include <pmirror/pmirror.h>
 
 #include <cstring>
 
-#include <pmirror/pmirror.h>
 #include "support/daemon_process.h"
 
-extern "C" int c_api_mirror(const char* local_path, uint16_t port, const char* secret,
-                            char* error, size_t error_size);
+extern "C" int c_api_mirror(const char* local_path, uint16_t port, const char* secret, char* error,
+                            size_t error_size);
 extern "C" int c_api_open_from_config(const char* config_path, char* error, size_t error_size);
 extern "C" int c_api_cfg_rejects_bad_values(char* error, size_t error_size);
 extern "C" int c_api_names_every_error(char* error, size_t error_size);
 extern "C" int c_api_version(char* error, size_t error_size);
 extern "C" int c_api_open_null(void);
+extern "C" int c_api_no_replicas(const char* local_path, char* error, size_t error_size);
 extern "C" int c_api_log_function(const char* first_path, const char* second_path, uint16_t port,
                                   const char* secret, char* error, size_t error_size);
 
@@ -25,8 +26,7 @@ bool bytes_at(const std::vector<uint8_t>& file, size_t offset, const char* text)
 
 TEST(CApiTest, MirrorsWritesFromC) {
   testing::TempDir tmp;
-  testing::DaemonProcess target(tmp.path().string(),
-                                {{"vol", tmp.file("replica.img"), 1 << 20}});
+  testing::DaemonProcess target(tmp.path().string(), {{"vol", tmp.file("replica.img"), 1 << 20}});
   ASSERT_TRUE(target.start()) << target.log();
   char error[1024] = "";
   ASSERT_EQ(c_api_mirror(tmp.file("local.img").c_str(), target.port(),
@@ -78,6 +78,12 @@ TEST(CApiTest, EveryErrorCodeHasAName) {
 TEST(CApiTest, ReportsItsVersion) {
   char error[1024] = "";
   EXPECT_EQ(c_api_version(error, sizeof error), 0) << error;
+}
+
+TEST(CApiTest, AVolumeWithNoReplicaOpensButSaysItMirrorsNothing) {
+  testing::TempDir tmp;
+  char error[1024] = "";
+  EXPECT_EQ(c_api_no_replicas(tmp.file("alone.img").c_str(), error, sizeof error), 0) << error;
 }
 
 TEST(CApiTest, NullArgumentsAreErrorsNotCrashes) {

@@ -187,6 +187,23 @@ TEST(ControlFormat, StatusWithRecoveryFields) {
       "  (no peers)\n");
 }
 
+TEST(ControlFormat, APrimaryWithNoReplicaSaysItMirrorsNothing) {
+  json initiator = json::parse(R"({
+    "process": {"kind": "initiator", "pid": 4242, "identity": "app1"},
+    "volumes": [
+      {"name": "alone", "role": "primary", "size": 4096, "generation": 1, "local_only": true,
+       "peers": []}
+    ]
+  })");
+  std::string out =
+      format_status_human(merge_status({initiator}), std::nullopt, at("2026-11-29T16:03:15Z"));
+  EXPECT_NE(out.find("\n  (no replicas: a persist is durable on this copy only; nothing is "
+                     "mirrored)\n"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("(no peers)"), std::string::npos) << out;
+}
+
 TEST(ControlFormat, AFailedVolumeSaysWhy) {
   json daemon = json::parse(R"({
     "process": {"kind": "pmirrord", "pid": 99, "node": "node2"},
