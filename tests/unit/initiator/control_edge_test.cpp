@@ -85,8 +85,10 @@ TEST(ControlEdge, StatusIsTheObjectOfTheControlDocs) {
   EXPECT_EQ(keys(v), (std::set<std::string>{"name", "role", "size", "path", "backing", "metadata",
                                             "generation", "chunk_size", "promoted", "last_sequence",
                                             "acknowledged_sequence", "ack_required", "in_sync",
-                                            "identity", "opened_at", "lease", "peers"}));
+                                            "local_only", "identity", "opened_at", "lease",
+                                            "peers"}));
   EXPECT_EQ(v["role"], "primary");
+  EXPECT_EQ(v["local_only"], false);  // the sample has replicas
   EXPECT_TRUE(v["lease"].is_null());  // no failover lease needed
   EXPECT_EQ(v["generation"], "0000000000000abc");
   EXPECT_EQ(v["opened_at"], format_rfc3339(sample_status().opened_at));
