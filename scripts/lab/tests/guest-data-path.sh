@@ -26,10 +26,10 @@ echo "== cluster status over rdma (a replica stopped, restarted, resynced; reloa
 echo "== replica recovery over rdma (kill -9 target/initiator, promote, split brain, verify)"
 PMIRROR_TEST_TIME_SCALE=${PMIRROR_TEST_TIME_SCALE:-10} \
   "$build/tests/integration/recovery_test" --gtest_brief=1
-echo "== the ack policy over rdma: open without a replica that does not answer; fail; block"
+echo "== the ack policy over rdma: open without a replica that does not answer; fail; failed persists left dirty; block"
 PMIRROR_TEST_TIME_SCALE=${PMIRROR_TEST_TIME_SCALE:-10} \
   "$build/tests/integration/insufficient_test" --gtest_brief=1 \
-  --gtest_filter='InsufficientTest.OpenGoesOn*:InsufficientTest.FailReturns*:InsufficientTest.BlockWaits*'
+  --gtest_filter='InsufficientTest.OpenGoesOn*:InsufficientTest.FailReturns*:InsufficientTest.FailedPersists*:InsufficientTest.BlockWaits*'
 # The pool on a plain file: rxe0 cannot register fsdax pages (no ODP), and
 # libpmirror registers the program's local copy as the source of its RDMA
 # Writes (docs/transport-rdma.md); a pool on devdax is the next step.
