@@ -17,6 +17,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -30,6 +31,7 @@
 #include <pmirror/pmirror.hpp>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #define PMIRROR_PRELOAD_API extern "C" __attribute__((visibility("default")))
@@ -121,6 +123,10 @@ std::atomic<bool> g_watching{false};  // the volume is open: mappings are noted
 uint64_t g_volume_size = 0;
 std::string g_volume_name;
 bool g_forked_child = false;  // a fork's child: its parent's volume is not its own
+bool g_verbose = false;       // --log-level info or debug: say what the close settled
+// The program may have written the local copy since the last settle (it
+// mapped it): settle_unpersisted has work at the close or exit.
+std::atomic<bool> g_unsettled{false};
 
 // A call made by pmirror itself (libpmirror opening, mapping or persisting
 // its own files): passed through. Initial-exec TLS: this library is loaded
@@ -137,6 +143,7 @@ bool same_file(int fd) {
 void note_mapping(void* addr, size_t length, int fd, off_t offset) {
   if (!g_watching.load(std::memory_order_acquire) || t_inside || g_forked_child) return;
   if (!same_file(fd)) return;
+  g_unsettled.store(true, std::memory_order_relaxed);
   std::lock_guard lock(g_mappings_mutex);
   for (int i = 0; i < kMaxMappings; ++i) {
     Mapping& m = g_mappings[i];
@@ -158,17 +165,21 @@ void note_mapping(void* addr, size_t length, int fd, off_t offset) {
 
 // munmap of [addr, addr + length): forget what it covers, keep the rest of
 // a mapping it cuts at one end (PMDK unmaps whole pools; a hole in the
-// middle keeps the lower part and a new slot for the upper one).
-void forget_mapping(void* addr, size_t length) {
-  if (g_mapping_slots.load(std::memory_order_acquire) == 0) return;
+// middle keeps the lower part and a new slot for the upper one). True when
+// it took the last mapping of the local copy away (the program closed its
+// pool).
+bool forget_mapping(void* addr, size_t length) {
+  if (g_mapping_slots.load(std::memory_order_acquire) == 0) return false;
   const uintptr_t cut_begin = reinterpret_cast<uintptr_t>(addr);
   const uintptr_t cut_end = cut_begin + length;
   std::lock_guard lock(g_mappings_mutex);
+  bool cut = false;
   for (int i = 0; i < kMaxMappings; ++i) {
     Mapping& m = g_mappings[i];
     const uintptr_t begin = m.begin.load(std::memory_order_relaxed);
     const uintptr_t end = m.end.load(std::memory_order_relaxed);
     if (begin == 0 || cut_end <= begin || cut_begin >= end) continue;
+    cut = true;
     const uint64_t offset = m.offset.load(std::memory_order_relaxed);
     m.begin.store(0, std::memory_order_release);
     if (cut_begin > begin) {  // the lower part stays
@@ -189,6 +200,11 @@ void forget_mapping(void* addr, size_t length) {
       }
     }
   }
+  if (!cut) return false;
+  for (const Mapping& m : g_mappings) {
+    if (m.begin.load(std::memory_order_relaxed) != 0) return false;
+  }
+  return true;
 }
 
 // ---- the ranges of this thread ----------------------------------------------------
@@ -208,7 +224,7 @@ __attribute__((tls_model("initial-exec"))) thread_local PendingGroup t_pending{}
   std::fprintf(stderr,
                "pmirror-run: volume '%s': a persist could not be mirrored: %s. Stopping the "
                "program: libpmem's drain has no error return, and going on would let it take "
-               "data that is not on the replicas as durable (docs/pmdk.md)\n",
+               "data that is not on the replicas as durable (pmirror-run(1))\n",
                g_volume_name.c_str(), why.to_string().c_str());
   std::abort();
 }
@@ -259,6 +275,7 @@ struct MirrorState {
   std::vector<MirrorRequest*> requests;
   std::atomic<size_t> queued{0};  // requests.size(), read without the mutex by the spin
   bool stop = false;
+  bool settle = false;         // the program closed its pool: settle_unpersisted
   bool worker_asleep = false;  // guarded by mutex: notify only then
   std::thread worker;
 };
@@ -283,6 +300,78 @@ void mirror_requests(std::vector<MirrorRequest*>& batch) {
   }
   if (failed.ok() && last != 0) failed = state().volume->wait(last);
   for (MirrorRequest* request : batch) request->result = failed;
+  // The program writes its pool (a close settled while it opened it again).
+  g_unsettled.store(true, std::memory_order_relaxed);
+}
+
+// libpmemobj writes bytes of its pool that it never persists (docs in
+// pmirror-run(1), "Bytes written and never persisted"): the run-time part
+// of its pool descriptor (this process's pointers), the footers of free
+// chunks, the descriptor of a free chunk kept in that chunk's own bytes. It
+// sets them again at every open and never reads them from the file, so
+// they reach the local copy and never the replicas. When the program has
+// closed its pool (its last mapping of the local copy gone) and at exit,
+// the copies are compared (Volume::verify) and every chunk where they
+// differ is persisted through the mirror, as if the program had persisted
+// it: once the pool is closed, `pmirrorctl verify` finds the copies equal.
+// On the mirroring thread, with nothing else for it to do meanwhile.
+void settle_unpersisted() {
+  MirrorState& st = state();
+  auto compared = st.volume->verify("", false);
+  if (!compared.ok()) {
+    std::fprintf(stderr,
+                 "pmirror-run: volume '%s': the program closed its pool, but its copies could "
+                 "not be compared: %s; bytes that it wrote without persisting them may differ "
+                 "on the replicas until its next close (harmless to the pool: pmirror-run(1))\n",
+                 g_volume_name.c_str(), compared.status().to_string().c_str());
+    return;
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const pmirror::VerifyPeerResult& peer : *compared) {
+    if (!peer.status.ok()) {
+      std::fprintf(stderr,
+                   "pmirror-run: volume '%s': the program closed its pool, but replica %s could "
+                   "not be compared: %s; bytes that it wrote without persisting them may differ "
+                   "there until its next close (harmless to the pool: pmirror-run(1))\n",
+                   g_volume_name.c_str(), peer.peer.c_str(), peer.status.to_string().c_str());
+    }
+    ranges.insert(ranges.end(), peer.mismatches.begin(), peer.mismatches.end());
+  }
+  // The same chunks usually differ on every replica: each is mirrored once.
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<std::pair<uint64_t, uint64_t>> merged;
+  for (const auto& [offset, length] : ranges) {
+    if (!merged.empty() && offset <= merged.back().first + merged.back().second) {
+      merged.back().second = std::max(merged.back().second, offset + length - merged.back().first);
+    } else {
+      merged.emplace_back(offset, length);
+    }
+  }
+  uint64_t last = 0, bytes = 0;
+  pmirror::Status mirrored;
+  for (const auto& [offset, length] : merged) {
+    auto started = st.volume->persist_async(offset, length);
+    if (!started.ok()) {
+      mirrored = started.status();
+      break;
+    }
+    last = *started;
+    bytes += length;
+  }
+  if (mirrored.ok() && last != 0) mirrored = st.volume->wait(last);
+  if (!mirrored.ok()) {
+    // A persist that fails leaves its range dirty: the next open resyncs it.
+    std::fprintf(stderr,
+                 "pmirror-run: volume '%s': the program closed its pool, but the chunks where "
+                 "its copies differ could not be mirrored: %s; they are recorded dirty and the "
+                 "next open copies them\n",
+                 g_volume_name.c_str(), mirrored.to_string().c_str());
+  } else if (g_verbose) {
+    std::fprintf(stderr,
+                 "pmirror-run: volume '%s': the program closed its pool: %zu ranges (%llu "
+                 "bytes) where the copies differed (written, never persisted) mirrored\n",
+                 g_volume_name.c_str(), merged.size(), static_cast<unsigned long long>(bytes));
+  }
 }
 
 void worker_loop() {
@@ -291,15 +380,27 @@ void worker_loop() {
   std::vector<MirrorRequest*> batch;
   std::unique_lock lock(st.mutex);
   while (true) {
-    if (st.requests.empty() && !st.stop) {
+    if (st.requests.empty() && !st.stop && !st.settle) {
       lock.unlock();
       spin_until([&] { return st.queued.load(std::memory_order_acquire) != 0; });
       lock.lock();
       st.worker_asleep = true;
-      st.wake.wait(lock, [&] { return st.stop || !st.requests.empty(); });
+      st.wake.wait(lock, [&] { return st.stop || st.settle || !st.requests.empty(); });
       st.worker_asleep = false;
     }
-    if (st.requests.empty() && st.stop) break;
+    if (st.requests.empty()) {
+      // The pool closed, or the program exits: settle what it left, once.
+      if ((st.settle || st.stop) && g_unsettled.exchange(false)) {
+        st.settle = false;
+        lock.unlock();
+        settle_unpersisted();
+        lock.lock();
+        continue;  // drains may have queued meanwhile (a pool opened again)
+      }
+      st.settle = false;
+      if (st.stop) break;
+      continue;
+    }
     batch.clear();
     batch.swap(st.requests);
     st.queued.store(0, std::memory_order_relaxed);
@@ -313,6 +414,16 @@ void worker_loop() {
   // At exit: what was persisted is on the replicas already; closing says
   // goodbye to them and marks the copy clean.
   st.volume.reset();
+}
+
+// munmap took the program's last mapping of the local copy away: the
+// mirroring thread settles the close (settle_unpersisted), without making
+// munmap wait for it.
+void pool_closed() {
+  MirrorState& st = state();
+  std::lock_guard lock(st.mutex);
+  st.settle = true;
+  if (st.worker_asleep) st.wake.notify_one();
 }
 
 void mirror_pending() {
@@ -422,6 +533,7 @@ __attribute__((constructor)) void start_mirroring() {
   leave_children_alone();
   if (config.empty() || volume.empty()) return;  // not under pmirror-run: forward only
   g_volume_name = volume;
+  g_verbose = log_level == "debug" || log_level == "info";
   pmirror::set_log_threshold(log_level == "debug"  ? pmirror::LogLevel::kDebug
                              : log_level == "info" ? pmirror::LogLevel::kInfo
                                                    : pmirror::LogLevel::kWarn);
@@ -487,7 +599,7 @@ PMIRROR_PRELOAD_API void* mmap64(void* addr, size_t length, int prot, int flags,
 
 PMIRROR_PRELOAD_API int munmap(void* addr, size_t length) noexcept {
   int rc = static_cast<int>(::syscall(SYS_munmap, addr, length));
-  if (rc == 0) forget_mapping(addr, length);
+  if (rc == 0 && forget_mapping(addr, length) && mirroring()) pool_closed();
   return rc;
 }
 
