@@ -77,25 +77,21 @@ std::string metadata_path_of(const ClusterVolume& volume, const std::string& nod
   return default_metadata_path(volume.paths.at(node), volume.name);
 }
 
-// An existing file or device at a node's path whose size cannot hold the
-// volume. Regular files must match exactly (they are never resized); a
-// devdax device may be larger (the volume uses a prefix).
+// A devdax device at a node's path too small for the volume (it may be
+// larger: the volume uses a prefix). The start finds it once mapped; a
+// regular file's size is check_volume_paths's.
 std::optional<std::string> local_size_problem(const std::string& path, uint64_t size) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return std::nullopt;  // created or reported at start
-  if (S_ISREG(st.st_mode)) {
-    if (static_cast<uint64_t>(st.st_size) != size) {
-      return path + " is " + std::to_string(st.st_size) + " bytes but the volume's size is " +
-             std::to_string(size) +
-             "; sizes must match on every node (existing files are never resized)";
-    }
-  } else if (S_ISCHR(st.st_mode)) {
+  if (S_ISCHR(st.st_mode)) {
     std::ifstream sys("/sys/dev/char/" + std::to_string(major(st.st_rdev)) + ":" +
                       std::to_string(minor(st.st_rdev)) + "/size");
     uint64_t device_size = 0;
     if (sys >> device_size && device_size < size) {
-      return "device " + path + " holds " + std::to_string(device_size) +
-             " bytes, less than the volume's size " + std::to_string(size);
+      // The start's words (region::Region::map).
+      return "devdax device " + path + " is " + std::to_string(device_size) +
+             " bytes, smaller than the configured size " + std::to_string(size) +
+             " bytes; lower size: or use 0";
     }
   }
   return std::nullopt;
@@ -282,16 +278,38 @@ std::vector<std::string> check_cluster_file(const std::string& path, std::string
     warnings->push_back(path + ": warning: " + resolved.status().message() +
                         "; checked as no node in particular");
   }
+  // What pmirrord's start on this node would refuse, in its words.
+  if (const NodeConfig* node_config = self.empty() ? nullptr : config.find_node(self)) {
+    Status pool = check_state_pool_path(node_config->daemon.state_pool);
+    if (!pool.ok()) {
+      const Origin& given = node_config->daemon.state_pool_origin;
+      const std::string where =
+          given.at.empty()
+              ? node_config->origin.at + ": " + node_config->origin.key + ".state_pool (default)"
+              : given.at + ": " + given.key;
+      problems.push_back(problem_from_text(path, where + ": " + pool.message()));
+    }
+  }
   for (size_t i = 0; i < config.volumes.size(); ++i) {
     const ClusterVolume& volume = config.volumes[i];
     if (!self.empty() && !takes_part(volume, self)) continue;
     (void)volume_secret(config, volume, problems);
-    if (self.empty() || volume.size == 0) continue;
-    if (auto it = volume.paths.find(self); it != volume.paths.end()) {
+    if (self.empty()) continue;
+    auto it = volume.paths.find(self);
+    if (it == volume.paths.end()) continue;
+    const std::string where =
+        volume.path_at.at(self) + ": volumes[" + std::to_string(i) + "].paths." + self + ": ";
+    VolumeConfig copy;
+    copy.name = volume.name;
+    copy.path = it->second;
+    copy.size = volume.size;
+    copy.create = volume.create;
+    copy.metadata_path = metadata_path_of(volume, self);
+    if (Status openable = check_volume_paths(copy, self); !openable.ok()) {
+      problems.push_back(problem_from_text(path, where + openable.message()));
+    } else if (volume.size != 0) {
       if (auto problem = local_size_problem(it->second, volume.size)) {
-        problems.push_back(problem_from_text(path, volume.path_at.at(self) + ": volumes[" +
-                                                       std::to_string(i) + "].paths." + self +
-                                                       ": " + *problem));
+        problems.push_back(problem_from_text(path, where + *problem));
       }
     }
   }

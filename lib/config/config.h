@@ -330,10 +330,25 @@ Result<DaemonConfig> daemon_config_for(const ClusterConfig& cluster, const std::
 Result<InitiatorPlan> initiator_plan(const ClusterConfig& cluster, const std::string& volume,
                                      const std::string& node);
 
+// What pmirrord's start (and a reload) refuses on this host before it
+// creates, maps or locks anything, in the start's own words: the start calls
+// these first, and so do the checks (`pmirrorctl config check`, `pmirrord
+// --check-config`, `pmirrorctl reload --dry-run`), so that a check passes
+// only what a start takes.
+// The state pool: its directory exists (and is writable, where the pool is
+// to be created); it is a file or device, not a directory.
+Status check_state_pool_path(const std::string& state_pool);
+// A volume's copy on `node`: its directory exists (writable with create:
+// true, for a missing file); an existing path is a regular file of the
+// volume's size or a devdax device, readable and writable; the directory of
+// its metadata pool exists.
+Status check_volume_paths(const VolumeConfig& volume, const std::string& node);
+
 // For `pmirrorctl config check FILE [--node NAME]`: every problem in the
 // file, one "FILE:LINE:COL: where: what" string each; empty means valid.
-// Beyond parsing it reads secret files and compares the size of existing
-// plain files with the volume's size -- for `node` (explicit, else the node
+// Beyond parsing it reads secret files and checks this host's paths as
+// pmirrord's start would (check_state_pool_path, check_volume_paths) --
+// for `node` (explicit, else the node
 // matching this host name); when no node matches, every volume's secret
 // file is read and no local file is checked, and `warnings` (if given)
 // gets a line saying so: the file is valid, but pmirrord started here

@@ -17,12 +17,13 @@
 #include <string_view>
 
 #include "common/log.h"
+#include "common/preflight.h"
 #include "state/pool_file.h"
 
 namespace pmirror::metadata {
 
 namespace {
-constexpr const char* kDefaultMetadataDir = "/var/lib/pmirror";
+constexpr const char* kDefaultMetadataDir = preflight::kDefaultDirectory;
 }  // namespace
 
 namespace {
@@ -353,6 +354,12 @@ Result<std::unique_ptr<CopyMetadata>> CopyMetadata::open(const Options& options)
   std::unique_ptr<CopyMetadata> md(new CopyMetadata());
   md->path_ = path;
 
+  // The default home of devdax copies' metadata (the systemd unit's
+  // StateDirectory, absent on a machine set up by hand).
+  if (options.create_if_missing) preflight::make_default_directory(path);
+  // Its directory, its type: what the checks (`pmirrorctl config check`,
+  // `pmirrord --check-config`) also ask, in the same words.
+  PMIRROR_RETURN_IF_ERROR(preflight::pool_path(path, "copy metadata", options.create_if_missing));
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     int err = errno;
@@ -362,17 +369,6 @@ Result<std::unique_ptr<CopyMetadata>> CopyMetadata::open(const Options& options)
                           "cannot look up copy metadata " + path, err);
     }
     std::string parent = parent_dir(path);
-    struct stat pst {};
-    if (options.create_if_missing && parent == kDefaultMetadataDir &&
-        ::stat(parent.c_str(), &pst) != 0) {
-      // The default home of devdax copies' metadata (the systemd unit's
-      // StateDirectory, absent on a machine set up by hand).
-      ::mkdir(parent.c_str(), 0755);
-    }
-    if (::stat(parent.c_str(), &pst) != 0 || !S_ISDIR(pst.st_mode)) {
-      return Status(Errc::kNotFound, "directory " + parent + " for copy metadata " + path +
-                                         " does not exist; create it (mkdir -p " + parent + ")");
-    }
     if (!options.create_if_missing) {
       return Status(Errc::kNotFound, "copy metadata " + path +
                                          " does not exist; open the copy with creation allowed "
@@ -394,14 +390,6 @@ Result<std::unique_ptr<CopyMetadata>> CopyMetadata::open(const Options& options)
     }
     md->pool_.reset(pop);
   } else {
-    if (S_ISDIR(st.st_mode)) {
-      return Status(Errc::kInvalidArgument,
-                    "copy metadata " + path + " is a directory; give a file path inside it");
-    }
-    if (!S_ISREG(st.st_mode) && !S_ISCHR(st.st_mode)) {
-      return Status(Errc::kInvalidArgument,
-                    "copy metadata " + path + " is not a regular file or devdax device");
-    }
     PMIRROR_RETURN_IF_ERROR(state::precheck_pool_file(
         path, st,
         {"copy metadata",

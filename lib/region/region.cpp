@@ -4,20 +4,22 @@
 #include <libpmem.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <climits>
 #include <cstring>
 #include <string>
 
 #include "common/log.h"
+#include "common/preflight.h"
 
 namespace pmirror::region {
 namespace {
 
 std::string errno_text(int err) { return std::strerror(err); }
+
+using preflight::permission_hint;
+static_assert(kPageSize == 4096, "preflight checks volumes against 4 KiB pages");
 
 // Maps an errno from stat/open/mmap to the error class callers act on.
 Errc errc_for(int err) {
@@ -45,46 +47,12 @@ Errc errc_for(int err) {
   }
 }
 
-std::string parent_dir(const std::string& path) {
-  auto slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
 // libpmem's own message is more specific than strerror when it has one
 // (e.g. which step of pmem_map_file failed).
 std::string pmem_reason(int err) {
   const char* msg = pmem_errormsg();
   if (msg != nullptr && *msg != '\0') return msg;
   return errno_text(err);
-}
-
-std::string permission_hint(const std::string& path) {
-  return "check that the user pmirror runs as (uid " + std::to_string(::geteuid()) +
-         ") can read and write " + path + " and search its directories, and that the " +
-         "filesystem is not mounted read-only";
-}
-
-// A character device is devdax when sysfs files it under the dax subsystem
-// (/sys/class/dax on older kernels, /sys/bus/dax on newer: both end "/dax").
-bool is_devdax(const struct stat& st, std::string* subsystem_out) {
-  std::string link = "/sys/dev/char/" + std::to_string(major(st.st_rdev)) + ":" +
-                     std::to_string(minor(st.st_rdev)) + "/subsystem";
-  char resolved[PATH_MAX];
-  if (::realpath(link.c_str(), resolved) == nullptr) {
-    *subsystem_out = "(none)";
-    return false;
-  }
-  std::string subsystem(resolved);
-  *subsystem_out = subsystem;
-  auto slash = subsystem.find_last_of('/');
-  return subsystem.substr(slash == std::string::npos ? 0 : slash + 1) == "dax";
-}
-
-std::string make_label(const OpenOptions& options) {
-  if (options.name.empty()) return "volume " + options.path;
-  return "volume '" + options.name + "' (" + options.path + ")";
 }
 
 // Allocates every block of the first `size` bytes of fd that is not
@@ -116,16 +84,6 @@ Status allocate(int fd, const std::string& label, uint64_t size, uint64_t missin
   return Status(errc_for(err), what);
 }
 
-Status check_page_multiple(const std::string& label, uint64_t size, const char* what) {
-  if (size % kPageSize != 0) {
-    return Status(Errc::kInvalidArgument, std::string(what) + " of " + label + " is " +
-                                              std::to_string(size) + " bytes, not a multiple of " +
-                                              std::to_string(kPageSize) +
-                                              "; volumes are whole 4 KiB pages (e.g. 64MiB)");
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
 std::string_view backing_name(Backing backing) {
@@ -149,48 +107,18 @@ Region::~Region() {
 
 Result<std::unique_ptr<Region>> Region::open(const OpenOptions& options) {
   const std::string& path = options.path;
-  if (path.empty()) {
-    return Status(Errc::kInvalidArgument,
-                  "volume path is empty; give a file path or a devdax device such as /dev/dax0.0");
-  }
+  // What the checks (`pmirrorctl config check`, `pmirrord --check-config`)
+  // also ask, in the same words: the path, its directory, its type and size.
+  auto found = preflight::volume_path(options.name, path, options.size, options.create);
+  if (!found.ok()) return found.status();
+  const struct stat& st = found->st;
   // Mapped below; owning from the start so every error path unmaps.
   std::unique_ptr<Region> region(new Region());
   region->path_ = path;
-  region->label_ = make_label(options);
+  region->label_ = preflight::volume_label(options.name, path);
   const std::string& label = region->label_;
-  PMIRROR_RETURN_IF_ERROR(check_page_multiple(label, options.size, "requested size"));
 
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    int err = errno;
-    if (err == EACCES) {
-      return Status(Errc::kPermissionDenied, "cannot look up " + label + ": " + errno_text(err) +
-                                                 "; " + permission_hint(path));
-    }
-    if (err == ENOTDIR) {
-      return Status(Errc::kNotFound,
-                    "cannot look up " + label + ": a component of the path is not a directory");
-    }
-    if (err != ENOENT) return errno_status(Errc::kIoError, "cannot look up " + label, err);
-
-    std::string parent = parent_dir(path);
-    struct stat pst {};
-    if (::stat(parent.c_str(), &pst) != 0 || !S_ISDIR(pst.st_mode)) {
-      return Status(Errc::kNotFound, "directory " + parent + " for " + label +
-                                         " does not exist; create it first (mkdir -p " + parent +
-                                         ")");
-    }
-    if (!options.create) {
-      return Status(Errc::kNotFound,
-                    label +
-                        " does not exist; use create: true with a size, or create it with "
-                        "`truncate -s <size> " +
-                        path + "` (or point path at a devdax device such as /dev/dax0.0)");
-    }
-    if (options.size == 0) {
-      return Status(Errc::kInvalidArgument,
-                    "cannot create " + label + " with size 0; give a size (e.g. size: 64MiB)");
-    }
+  if (!found->exists) {
     // Created, then allocated in full, then mapped like an existing file.
     // O_EXCL: never take over a file another process created meanwhile.
     int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -213,52 +141,8 @@ Result<std::unique_ptr<Region>> Region::open(const OpenOptions& options) {
     return mapped;
   }
 
-  if (S_ISDIR(st.st_mode)) {
-    return Status(Errc::kInvalidArgument,
-                  label + ": the path is a directory; give a file inside it (e.g. " + path +
-                      "/volume.img) or a devdax device such as /dev/dax0.0");
-  }
-  if (S_ISBLK(st.st_mode)) {
-    return Status(Errc::kInvalidArgument,
-                  label +
-                      ": the path is a block device; pmirror maps a devdax character device "
-                      "(/dev/daxX.Y, see `ndctl create-namespace -m devdax`) or a file on a "
-                      "DAX-mounted filesystem (mount -o dax)");
-  }
-
-  bool devdax = false;
-  if (S_ISCHR(st.st_mode)) {
-    std::string subsystem;
-    if (!is_devdax(st, &subsystem)) {
-      return Status(Errc::kInvalidArgument,
-                    label + ": the path is a character device that is not devdax (its " +
-                        "sysfs subsystem is " + subsystem +
-                        "); use /dev/daxX.Y, a file on a DAX filesystem, or a plain file");
-    }
-    devdax = true;
-  } else if (!S_ISREG(st.st_mode)) {
-    return Status(Errc::kInvalidArgument,
-                  label +
-                      ": the path is not a regular file or devdax device (a FIFO or socket?); "
-                      "give a file or /dev/daxX.Y");
-  } else {
+  if (!found->devdax) {
     uint64_t file_size = static_cast<uint64_t>(st.st_size);
-    if (file_size == 0) {
-      return Status(
-          Errc::kInvalidArgument,
-          label +
-              ": the file is empty (0 bytes), not a volume; an existing file is never resized: "
-              "remove it and use create: true with a size, or `truncate -s <size> " +
-              path + "`");
-    }
-    if (options.size != 0 && options.size != file_size) {
-      return Status(Errc::kInvalidArgument,
-                    label + ": the file is " + std::to_string(file_size) +
-                        " bytes but the configured size is " + std::to_string(options.size) +
-                        " bytes; existing files are never resized: fix size: or use another "
-                        "path");
-    }
-    PMIRROR_RETURN_IF_ERROR(check_page_multiple(label, file_size, "file size"));
     // Holes (a file made with `truncate -s`, or by an older pmirror, which
     // created volumes sparse) are allocated now; data is kept.
     int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
@@ -274,7 +158,7 @@ Result<std::unique_ptr<Region>> Region::open(const OpenOptions& options) {
     ::close(fd);
     PMIRROR_RETURN_IF_ERROR(holes);
   }
-  return map(std::move(region), options.size, devdax, static_cast<uint64_t>(st.st_size));
+  return map(std::move(region), options.size, found->devdax, static_cast<uint64_t>(st.st_size));
 }
 
 Result<std::unique_ptr<Region>> Region::map(std::unique_ptr<Region> region, uint64_t size,

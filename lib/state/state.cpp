@@ -12,6 +12,7 @@
 #include <ctime>
 #include <string_view>
 
+#include "common/preflight.h"
 #include "state/pool_file.h"
 
 namespace pmirror::state {
@@ -145,6 +146,10 @@ Result<std::unique_ptr<StateStore>> StateStore::open(const std::string& pool_pat
   if (pool_path.empty()) {
     return Status(Errc::kInvalidArgument, "state pool path is empty; set daemon.state_pool");
   }
+  // Its directory, its type: what the checks (`pmirrorctl config check`,
+  // `pmirrord --check-config`) also ask, in the same words.
+  if (create_if_missing) preflight::make_default_directory(pool_path);
+  PMIRROR_RETURN_IF_ERROR(preflight::pool_path(pool_path, "state pool", create_if_missing));
   std::unique_ptr<StateStore> store(new StateStore());
   store->path_ = pool_path;
 
@@ -157,11 +162,6 @@ Result<std::unique_ptr<StateStore>> StateStore::open(const std::string& pool_pat
                           "cannot look up state pool " + pool_path, err);
     }
     std::string parent = parent_dir(pool_path);
-    struct stat pst {};
-    if (::stat(parent.c_str(), &pst) != 0 || !S_ISDIR(pst.st_mode)) {
-      return Status(Errc::kNotFound, "directory " + parent + " for state pool " + pool_path +
-                                         " does not exist; create it (mkdir -p " + parent + ")");
-    }
     if (!create_if_missing) {
       return Status(Errc::kNotFound, "state pool " + pool_path +
                                          " does not exist; let pmirrord create it, or create it "
@@ -183,14 +183,6 @@ Result<std::unique_ptr<StateStore>> StateStore::open(const std::string& pool_pat
     }
     store->pool_.reset(pop);
   } else {
-    if (S_ISDIR(st.st_mode)) {
-      return Status(Errc::kInvalidArgument,
-                    "state pool " + pool_path + " is a directory; give a file path inside it");
-    }
-    if (!S_ISREG(st.st_mode) && !S_ISCHR(st.st_mode)) {
-      return Status(Errc::kInvalidArgument,
-                    "state pool " + pool_path + " is not a regular file or devdax device");
-    }
     PMIRROR_RETURN_IF_ERROR(precheck_pool_file(
         pool_path, st,
         {"state pool",

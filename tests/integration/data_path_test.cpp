@@ -490,7 +490,7 @@ TEST(DaemonTest, BadConfigExitsNonZeroWithTheReason) {
            "volumes:\n"
            "  - {name: v, size: 1MiB, primary: app, replicas: [n1],\n"
            "     paths: {app: /tmp/v-app.img, n1: /tmp/v-n1.img},\n"
-           "     allowed_peers: [app], secret: 0123456789abcdef}\n";
+           "     allowed_peers: [app], secret: 0123456789abcdef, create: true}\n";
   }
   output.clear();
   code = testing::run_daemon_to_exit({"--config", good, "--node", "n2", "--check-config"}, output);

@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -1283,9 +1285,14 @@ TEST(ClusterConfigTest, LoadReadsFileAndNamesItInErrors) {
 
 TEST(ClusterConfigTest, CheckClusterFileListsEveryProblem) {
   TempDir dir;
-  // Valid: nothing to report.
+  // Valid: nothing to report (n2's copy is created in a directory that
+  // exists, its state pool too).
   std::string secret = dir.write("v.secret", kSecret);
-  std::string good = dir.write("good.yaml", with_secret_file(secret));
+  std::string good = dir.write(
+      "good.yaml",
+      with_volume({{"path", (dir.path() / "v.img").string()}, {"secret", ""}, {"replicas", "[n2]"}},
+                  "    secret_file: " + secret + "\n    create: true\ndaemon:\n" +
+                      "  state_pool: " + (dir.path() / "state").string() + "\n"));
   EXPECT_EQ(check_cluster_file(good, "n2"), std::vector<std::string>{});
   EXPECT_EQ(check_cluster_file(good), std::vector<std::string>{});  // no node: every secret
   // ... but the host that matches no node is told so: pmirrord would refuse
@@ -1325,20 +1332,108 @@ TEST(ClusterConfigTest, CheckClusterFileListsEveryProblem) {
 
   // The node's existing plain file must have the volume's size.
   std::string image = dir.write("v.img", std::string(8192, '\0'));
-  std::string sized =
-      dir.write("sized.yaml", with_volume({{"path", image}, {"secret", ""}, {"replicas", "[n2]"}},
-                                          "    secret_file: " + secret + "\n"));
+  std::string sized = dir.write(
+      "sized.yaml", with_volume({{"path", image}, {"secret", ""}, {"replicas", "[n2]"}},
+                                "    secret_file: " + secret + "\ndaemon:\n  state_pool: " +
+                                    (dir.path() / "state").string() + "\n"));
   problems = check_cluster_file(sized, "n2");
   ASSERT_EQ(problems.size(), 1u);
-  EXPECT_EQ(problems[0].rfind(sized + ":10:11: volumes[0].paths.n2: " + image +
-                                  " is 8192 bytes but the volume's size is 1048576",
-                              0),
-            0u)
-      << problems[0];
+  EXPECT_EQ(problems[0], sized + ":10:11: volumes[0].paths.n2: volume 'v' (" + image +
+                             "): the file is 8192 bytes but the configured size is 1048576 "
+                             "bytes; existing files are never resized: fix size: or use another "
+                             "path");
 
   problems = check_cluster_file((dir.path() / "absent.yaml").string());
   ASSERT_EQ(problems.size(), 1u);
   EXPECT_NE(problems[0].find("No such file or directory"), std::string::npos);
+}
+
+// What pmirrord's start refuses before it creates or maps anything, the
+// check refuses too, in the start's words (the start calls the same
+// check_volume_paths and check_state_pool_path).
+TEST(ClusterConfigTest, CheckClusterFileRefusesWhatTheStartRefuses) {
+  TempDir dir;
+  const std::string base = dir.path().string();
+  // n2's copy, its metadata pool and its state pool, each where given.
+  auto cluster = [&](const std::string& copy, const std::string& state_pool,
+                     const std::string& metadata = "") {
+    std::string extra = "    create: true\n";
+    if (!metadata.empty()) extra += "    metadata: {n2: " + metadata + "}\n";
+    return dir.write("cluster.yaml",
+                     with_volume({{"path", copy}, {"replicas", "[n2]"}},
+                                 extra + "daemon:\n  state_pool: " + state_pool + "\n"));
+  };
+  const std::string state = base + "/pmirrord.state";
+  std::string file = cluster(base + "/v.img", state);
+  EXPECT_EQ(check_cluster_file(file, "n2"), std::vector<std::string>{});
+
+  // The copy's directory is missing.
+  file = cluster(base + "/missing/v.img", state);
+  EXPECT_EQ(check_cluster_file(file, "n2"),
+            std::vector<std::string>{file + ":10:11: volumes[0].paths.n2: directory " + base +
+                                     "/missing for volume 'v' (" + base +
+                                     "/missing/v.img) does not exist; create it (mkdir -p " + base +
+                                     "/missing)"});
+  VolumeConfig copy;
+  copy.name = "v";
+  copy.path = base + "/missing/v.img";
+  copy.size = 1 << 20;
+  copy.create = true;
+  EXPECT_EQ(check_volume_paths(copy, "n2").message(),
+            "directory " + base + "/missing for volume 'v' (" + base +
+                "/missing/v.img) does not exist; create it (mkdir -p " + base + "/missing)");
+
+  // The state pool's directory is no directory (a file) ...
+  dir.write("plain", "x");
+  file = cluster(base + "/v.img", base + "/plain/pmirrord.state");
+  auto problems = check_cluster_file(file, "n2");
+  ASSERT_EQ(problems.size(), 1u) << ::testing::PrintToString(problems);
+  EXPECT_NE(
+      problems[0].find(": daemon.state_pool: opening the state pool: cannot look up state "
+                       "pool " +
+                       base + "/plain/pmirrord.state: a component of the path is not a directory"),
+      std::string::npos)
+      << problems[0];
+  EXPECT_EQ(problems[0].substr(problems[0].find("opening the state pool")),
+            check_state_pool_path(base + "/plain/pmirrord.state").message());
+  // ... or not there at all.
+  file = cluster(base + "/v.img", base + "/nostate/pmirrord.state");
+  problems = check_cluster_file(file, "n2");
+  ASSERT_EQ(problems.size(), 1u) << ::testing::PrintToString(problems);
+  EXPECT_NE(problems[0].find(": daemon.state_pool: opening the state pool: directory " + base +
+                             "/nostate for state pool " + base +
+                             "/nostate/pmirrord.state does not exist; create it (mkdir -p " + base +
+                             "/nostate)"),
+            std::string::npos)
+      << problems[0];
+
+  // The copy's metadata pool's directory is missing.
+  file = cluster(base + "/v.img", state, base + "/nowhere/v.pmirror");
+  problems = check_cluster_file(file, "n2");
+  ASSERT_EQ(problems.size(), 1u) << ::testing::PrintToString(problems);
+  EXPECT_NE(problems[0].find("volumes[0].paths.n2: volume 'v' on node n2: directory " + base +
+                             "/nowhere for copy metadata " + base +
+                             "/nowhere/v.pmirror does not exist; create it (mkdir -p " + base +
+                             "/nowhere)"),
+            std::string::npos)
+      << problems[0];
+
+  // Something at the copy's path that is no volume: a directory, a FIFO.
+  fs::create_directory(base + "/adir");
+  file = cluster(base + "/adir", state);
+  problems = check_cluster_file(file, "n2");
+  ASSERT_EQ(problems.size(), 1u) << ::testing::PrintToString(problems);
+  EXPECT_NE(problems[0].find("volume 'v' (" + base + "/adir): the path is a directory"),
+            std::string::npos)
+      << problems[0];
+  ASSERT_EQ(::mkfifo((base + "/fifo").c_str(), 0600), 0) << std::strerror(errno);
+  file = cluster(base + "/fifo", state);
+  problems = check_cluster_file(file, "n2");
+  ASSERT_EQ(problems.size(), 1u) << ::testing::PrintToString(problems);
+  EXPECT_NE(problems[0].find("volume 'v' (" + base +
+                             "/fifo): the path is not a regular file or devdax device"),
+            std::string::npos)
+      << problems[0];
 }
 
 // ---------------------------------------------------- files shared on a host
@@ -1501,15 +1596,26 @@ TEST_F(SharedFilesTest, DaemonFilesShareNothingWithVolumesOrEachOther) {
   for (const auto& c : cases) {
     SCOPED_TRACE(c.what);
     write(c.volumes, "", c.n1_files);
+    // The one shared file; beside it, what the start refuses in a path
+    // (e.g. a copy that does not exist yet, without create: true).
     auto problems = check_cluster_file(file_, "n1");
-    ASSERT_EQ(problems.size(), 1u) << ::testing::PrintToString(problems);
-    EXPECT_EQ(problems[0].rfind(at(c.line, c.needle) + ": ", 0), 0u) << problems[0];
-    EXPECT_NE(problems[0].find(c.fragment), std::string::npos) << problems[0];
+    auto shared = std::find_if(problems.begin(), problems.end(), [&](const std::string& p) {
+      return p.find("are the same file") != std::string::npos;
+    });
+    ASSERT_NE(shared, problems.end()) << ::testing::PrintToString(problems);
+    EXPECT_EQ(std::count_if(problems.begin(), problems.end(),
+                            [](const std::string& p) {
+                              return p.find("are the same file") != std::string::npos;
+                            }),
+              1)
+        << ::testing::PrintToString(problems);
+    EXPECT_EQ(shared->rfind(at(c.line, c.needle) + ": ", 0), 0u) << *shared;
+    EXPECT_NE(shared->find(c.fragment), std::string::npos) << *shared;
     auto cluster = load_cluster_config(file_);
     ASSERT_TRUE(cluster.ok()) << cluster.status().to_string();
     auto daemon = daemon_config_for(*cluster, "n1");
     ASSERT_FALSE(daemon.ok());
-    EXPECT_EQ(daemon.status().message(), problems[0]);
+    EXPECT_EQ(daemon.status().message(), *shared);
   }
 }
 
@@ -1571,8 +1677,15 @@ TEST_F(SharedFilesTest, DevicesCompareByDeviceNumber) {
   ASSERT_EQ(::symlink("/dev/null", d("dax").c_str()), 0);
   write({volume("v", "/dev/null", ", metadata: {n1: " + d("v.pmirror") + "}"),
          volume("w", d("dax"), ", metadata: {n1: " + d("w.pmirror") + "}")});
+  // Beside it, each path is refused as the start refuses it: /dev/null is
+  // no devdax device.
   auto problems = check_cluster_file(file_, "n1");
-  ASSERT_EQ(problems.size(), 1u) << ::testing::PrintToString(problems);
+  ASSERT_EQ(problems.size(), 3u) << ::testing::PrintToString(problems);
+  EXPECT_NE(problems[0].find("volume 'v' (/dev/null): the path is a character device that is "
+                             "not devdax"),
+            std::string::npos)
+      << problems[0];
+  std::swap(problems[0], problems[2]);
   EXPECT_NE(problems[0].find("the copy of volume 'w' on node 'n1', " + d("dax") +
                              ", and the copy of volume 'v' on node 'n1', /dev/null"),
             std::string::npos)

@@ -283,7 +283,7 @@ TEST(FailoverConfigTest, EachRuleIsRejectedWithTheKeyAndTheReason) {
        cluster_file(etcd_with(kEndpoint + "    ttl: 5s\n")),
        {"c.yaml:6:10: failover.etcd: renew (2s) + 2 x timeout (2s) + margin (1s) = 7s must not "
         "exceed ttl (5s): a primary that cannot renew would go on writing after its lease "
-        "expired (docs/failover.md)"}},
+        "expired (pmirror-cluster.yaml(5), FAILOVER)"}},
       {"timing rule without ttl",
        cluster_file(etcd_with(kEndpoint + "    renew: 4s\n    timeout: 2600ms\n")),
        {"c.yaml:4:3: failover.etcd: renew (4s) + 2 x timeout (2600ms) + margin (1s) = 10200ms "
@@ -406,9 +406,15 @@ TEST(FailoverConfigTest, ConfigCheckReadsTheTlsFiles) {
   fs::path dir = ::mkdtemp(pattern.data());
   std::ofstream(dir / "ca.pem") << "-----BEGIN CERTIFICATE-----\n";
   std::ofstream(dir / "cert.pem") << "-----BEGIN CERTIFICATE-----\n";
-  std::string text = cluster_file(etcd_with(
+  // n1's copy and state pool where its start would find them.
+  const std::string local =
+      "    create: true\ndaemon:\n  state_pool: " + (dir / "state").string() + "\n";
+  auto here = [&](std::string text) {
+    return text.replace(text.find("/pmem/v"), 7, (dir / "v.img").string()) + local;
+  };
+  std::string text = here(cluster_file(etcd_with(
       "    endpoints: [https://a:2379]\n    tls: {ca: " + (dir / "ca.pem").string() + ", cert: " +
-      (dir / "cert.pem").string() + ", key: " + (dir / "missing.pem").string() + "}\n"));
+      (dir / "cert.pem").string() + ", key: " + (dir / "missing.pem").string() + "}\n")));
   std::ofstream(dir / "cluster.yaml") << text;
   auto problems = check_cluster_file((dir / "cluster.yaml").string(), "n1");
   ASSERT_EQ(problems.size(), 1u) << (problems.empty() ? "" : problems[0]);
@@ -421,7 +427,7 @@ TEST(FailoverConfigTest, ConfigCheckReadsTheTlsFiles) {
   problems = check_cluster_file((dir / "cluster.yaml").string(), "n1");
   EXPECT_TRUE(problems.empty()) << problems[0];
   // The timing rule comes with parsing.
-  std::ofstream(dir / "cluster.yaml") << cluster_file(etcd_with(kEndpoint + "    ttl: 4s\n"));
+  std::ofstream(dir / "cluster.yaml") << here(cluster_file(etcd_with(kEndpoint + "    ttl: 4s\n")));
   problems = check_cluster_file((dir / "cluster.yaml").string(), "n1");
   ASSERT_EQ(problems.size(), 1u);
   EXPECT_NE(problems[0].find("must not exceed ttl (4s)"), std::string::npos) << problems[0];
