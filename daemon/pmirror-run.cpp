@@ -49,7 +49,7 @@ int fail(int code, const std::string& message) {
 int main(int argc, char** argv) {
   CLI::App app{
       "pmirror-run: runs a PMDK program with its pool mirrored to the volume's replicas, "
-      "unmodified (docs/pmdk.md)"};
+      "unmodified (pmirror-run(1))"};
   std::string config_path = pmirror::kDefaultClusterFile;
   std::string volume, node, identity, log_level;
   std::vector<std::string> command;

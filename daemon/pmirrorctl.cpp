@@ -657,11 +657,12 @@ std::vector<std::string> check_expectations(const std::string& file, const std::
                                     : actual == FailoverEngine::kPacemaker ? "pacemaker"
                                                                            : "none";
     if (actual_name != engine) {
-      problems.push_back(file + ": failover.engine is " + actual_name + ", not " + engine +
-                         (engine == "pacemaker"
-                              ? ": with Pacemaker deciding, set `failover: {engine: pacemaker}` "
-                                "so that no pmirror-promoter competes with it (docs/failover.md)"
-                              : ""));
+      problems.push_back(
+          file + ": failover.engine is " + actual_name + ", not " + engine +
+          (engine == "pacemaker"
+               ? ": with Pacemaker deciding, set `failover: {engine: pacemaker}` "
+                 "so that no pmirror-promoter competes with it (pmirror-cluster.yaml(5))"
+               : ""));
     }
   }
   return problems;
@@ -721,7 +722,7 @@ int main(int argc, char** argv) {
   auto* status = app.add_subcommand(
       "status", "every volume this node serves or writes, its peers, lag and latency");
   status->add_option("VOLUME", volume, "only this volume");
-  status->add_flag("--json", as_json, "the stable JSON form (docs/control.md)");
+  status->add_flag("--json", as_json, "the stable JSON form (/usr/share/doc/pmirrord/control.md)");
 
   bool events_json = false;
   uint64_t count = 0;
@@ -752,7 +753,8 @@ int main(int argc, char** argv) {
   resync->add_option("VOLUME", command_volume, "a volume open as primary on this node")->required();
   resync->add_option("--peer", peer, "the replica's node name")->required();
   resync->add_flag("--full", full, "copy the whole volume, not only the dirty chunks");
-  resync->add_flag("--json", command_json, "print the reply as JSON (docs/control.md)");
+  resync->add_flag("--json", command_json,
+                   "print the reply as JSON (/usr/share/doc/pmirrord/control.md)");
   bool wait = false;
   resync->add_flag("--wait", wait,
                    "follow the resync's progress and return once the replica is in sync "
@@ -764,24 +766,28 @@ int main(int argc, char** argv) {
   verify->add_option("--peer", peer, "only this replica (default: every connected one)");
   verify->add_flag("--mark-dirty", mark_dirty,
                    "mark mismatching chunks dirty, so that a resync copies them");
-  verify->add_flag("--json", command_json, "print the reply as JSON (docs/control.md)");
+  verify->add_flag("--json", command_json,
+                   "print the reply as JSON (/usr/share/doc/pmirrord/control.md)");
 
   auto* promote = app.add_subcommand(
       "promote", "make this node's copy of a volume the primary one and fence the other copies against the old primary (asks pmirrord)");
   promote->add_option("VOLUME", command_volume, "a volume pmirrord holds on this node")->required();
   promote->add_flag("--force", force,
                     "even while the old primary is connected, or the copy is inconsistent");
-  promote->add_flag("--json", command_json, "print the reply as JSON (docs/control.md)");
+  promote->add_flag("--json", command_json,
+                    "print the reply as JSON (/usr/share/doc/pmirrord/control.md)");
 
   auto* demote = app.add_subcommand("demote", "make this node's copy a replica again");
   demote->add_option("VOLUME", command_volume, "a volume pmirrord holds on this node")->required();
-  demote->add_flag("--json", command_json, "print the reply as JSON (docs/control.md)");
+  demote->add_flag("--json", command_json,
+                   "print the reply as JSON (/usr/share/doc/pmirrord/control.md)");
 
   bool dry_run = false;
   auto* reload = app.add_subcommand(
       "reload", "make pmirrord read its cluster file again (exit code 2 if it refuses)");
   reload->add_flag("--dry-run", dry_run, "only say what a reload would add, change and remove");
-  reload->add_flag("--json", command_json, "print the reply as JSON (docs/control.md)");
+  reload->add_flag("--json", command_json,
+                   "print the reply as JSON (/usr/share/doc/pmirrord/control.md)");
 
   // Hidden (no group): what the bash completion asks for.
   std::string complete_what, complete_file = pmirror::kDefaultClusterFile;

@@ -684,7 +684,7 @@ class Parser {
                 duration_text(etcd.timeout) + ") + margin (" + duration_text(etcd.margin) + ") = " +
                 duration_text(needed) + " must not exceed ttl (" + duration_text(etcd.ttl) +
                 "): a primary that cannot renew would go on writing after its lease expired "
-                "(docs/failover.md)");
+                "(pmirror-cluster.yaml(5), FAILOVER)");
     }
     if (auto* e = find(keys, "tls")) {
       const std::string tls_context = context + ".tls";
@@ -1441,8 +1441,8 @@ class Parser {
     }
     if (documents.count == 0 || documents.first.IsNull()) {
       error(YAML::Mark::null_mark(), "",
-            "the configuration is empty; see docs/config.md and "
-            "config/cluster.example.yaml for a starting point");
+            "the configuration is empty; see pmirror-cluster.yaml(5) and "
+            "/usr/share/doc/pmirrord/examples/cluster.example.yaml for a starting point");
       return;
     }
     if (documents.count > 1) {

@@ -315,7 +315,7 @@ std::string peer_details(const json& peer, const json& volume) {
   if (str(peer, "state") == "split-brain") {
     out +=
         "    split brain: both copies were written since they last agreed; nothing is copied "
-        "until an operator chooses (docs/replica-recovery.md)\n";
+        "until an operator chooses (/usr/share/doc/pmirrord/replica-recovery.md)\n";
   }
   const json& resync = member(peer, "resync");
   if (resync.is_object()) {
@@ -683,7 +683,7 @@ ResyncObservation observe_resync(const std::string& volume, const nlohmann::json
     seen.line = volume + ": resync of " + name + " stopped: " + name + " is " + state;
     if (std::string reason = str(peer, "reason"); !reason.empty()) seen.line += " (" + reason + ")";
     seen.line += state == "refused" || state == "split-brain"
-                     ? "; see docs/replica-recovery.md"
+                     ? "; see /usr/share/doc/pmirrord/replica-recovery.md"
                      : "; it resumes when the replica is back: `pmirrorctl status " + volume + "`";
     return seen;
   }

@@ -767,7 +767,7 @@ Result<std::unique_ptr<Promoter>> Promoter::create(PromoterOptions options) {
   if (cluster.failover.engine != config::FailoverEngine::kEtcd) {
     return Status(Errc::kConfigError, cluster.source +
                                           ": failover.engine is not etcd: pmirror-promoter has "
-                                          "nothing to do (docs/failover.md)");
+                                          "nothing to do (pmirror-promoter(8))");
   }
   if (cluster.find_node(options.node) == nullptr) {
     return Status(Errc::kConfigError, "no node '" + options.node + "' in " + cluster.source);

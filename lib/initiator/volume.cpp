@@ -69,7 +69,7 @@ Result<std::unique_ptr<failover::LeaseFileReader>> open_lease(const VolumeOption
                   "volume " + options.name + ": no lease on node " + node +
                       ": pmirror-promoter holds none (" + why +
                       "); failover.engine is etcd, so only the node holding the volume's lease "
-                      "may write (docs/failover.md)");
+                      "may write (pmirror-promoter(8))");
   };
   auto reader = failover::LeaseFileReader::open(context.lease_file, options.name, context.node);
   if (!reader.ok()) return none(reader.status().message());

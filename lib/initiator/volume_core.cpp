@@ -54,7 +54,7 @@ Status VolumeCore::check_lease(uint64_t now) {
           std::to_string((now - deadline) / 1'000'000) + " ms ago: pmirror-promoter on node " +
           node + " did not renew it (etcd unreachable or the promoter stopped)";
   }
-  why += "; the primary stops writing before another node may take over (docs/failover.md)";
+  why += "; the primary stops writing before another node may take over (pmirror-promoter(8))";
   log::error("{}; every persist fails from now on: close the volume", why);
   fenced = Status(Errc::kLeaseLost, std::move(why));
   sync_changed.notify_all();  // a persist blocked for replicas gives up

@@ -167,7 +167,7 @@ TEST(ControlFormat, StatusWithRecoveryFields) {
       "  node4 connection:split-brain since 16:03:10 (5s ago) reason: both copies moved on from "
       "generation 12ab34cd56ef7890\n"
       "    split brain: both copies were written since they last agreed; nothing is copied until "
-      "an operator chooses (docs/replica-recovery.md)\n"
+      "an operator chooses (/usr/share/doc/pmirrord/replica-recovery.md)\n"
       "  node5 connection:connected since 16:03:10 (5s ago) resynced:4MiB\n"
       "  node6 connection:syncing since 16:03:10 (5s ago)\n"
       "    full sync 0 B / 64.0 MiB (0%), 1.0 MiB/s, ETA 1m04s\n"

@@ -278,7 +278,7 @@ TEST_F(LeaseTest, PersistsStopOnceTheDeadlinePassesForGood) {
   EXPECT_EQ(lost.message().rfind("volume v: lease lost ", 0), 0u) << lost.message();
   EXPECT_NE(lost.message().find(" ms ago: pmirror-promoter on node a did not renew it (etcd "
                                 "unreachable or the promoter stopped); the primary stops writing "
-                                "before another node may take over (docs/failover.md)"),
+                                "before another node may take over (pmirror-promoter(8))"),
             std::string::npos)
       << lost.message();
   EXPECT_EQ(volume.persist_async(8192, 4096).status().code(), Errc::kLeaseLost);
@@ -308,7 +308,7 @@ TEST_F(LeaseTest, PersistsStopOnceTheDeadlinePassesForGood) {
   EXPECT_EQ(withdrawn.message(),
             "volume v: no lease: pmirror-promoter on node a gave it up (it handed the volume "
             "over, lost the key, or stopped); the primary stops writing before another node may "
-            "take over (docs/failover.md)");
+            "take over (pmirror-promoter(8))");
   EXPECT_NE(target_bytes(0)[0], std::byte{0x44});
 }
 
@@ -320,7 +320,7 @@ TEST_F(LeaseTest, OpeningWithoutALeaseFailsBeforeTouchingAnything) {
   EXPECT_EQ(missing.status().message(),
             "volume v: no lease on node a: pmirror-promoter holds none (lease file " + lease_path_ +
                 " does not exist); failover.engine is etcd, so only the node holding the "
-                "volume's lease may write (docs/failover.md)");
+                "volume's lease may write (pmirror-promoter(8))");
   EXPECT_FALSE(std::filesystem::exists(options().local_path)) << "nothing was created";
 
   auto writer = promoter();
