@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <system_error>
 #include <thread>
+#include <vector>
 
 #include "common/fault.h"
 #include "common/log.h"
@@ -23,6 +24,7 @@
 #include "metrics/metrics.h"
 #include "supervisor/supervisor.h"
 #include "systemd/systemd.h"
+#include "target/serve_lock.h"
 #include "target/target.h"
 
 namespace {
@@ -94,6 +96,20 @@ int main(int argc, char** argv) {
     return kExitConfig;
   }
   if (check_only) {
+    // What the start would refuse on this host, in its words: the state
+    // pool's and the volumes' paths, and a copy another pmirrord serves
+    // (looked at, not locked). Every problem, one per line.
+    std::vector<pmirror::Status> refusals{
+        pmirror::config::check_state_pool_path(config.state_pool)};
+    for (const auto& volume : config.volumes) {
+      refusals.push_back(pmirror::config::check_volume_paths(volume, config.node));
+      refusals.push_back(pmirror::target::check_not_served_elsewhere(volume.name, volume.path));
+    }
+    int code = 0;
+    for (const auto& refusal : refusals) {
+      if (!refusal.ok()) code = config_error(refusal);
+    }
+    if (code != 0) return code;
     std::printf("%s: OK (node %s, replica of %zu volume(s))\n", config_path.c_str(),
                 config.node.c_str(), config.volumes.size());
     return 0;

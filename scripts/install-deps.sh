@@ -12,7 +12,9 @@ packages=(
   libspdlog-dev libfmt-dev libcli11-dev libyaml-cpp-dev
   googletest libgtest-dev libgmock-dev
   nlohmann-json3-dev libssl-dev libxxhash-dev libsystemd-dev
-  prometheus-cpp-dev
+  # the metrics endpoint: prometheus-cpp's text format served by civetweb;
+  # promtool (in Debian's prometheus) checks a scrape in metrics_test
+  prometheus-cpp-dev libcivetweb-dev prometheus
   # pmirror-promoter: etcd's JSON gateway over libcurl; etcd for its tests
   libcurl4-openssl-dev etcd-server etcd-client
   # the Pacemaker resource agent's test (ocf/pmirror: jq; ocf-tester, xmllint)

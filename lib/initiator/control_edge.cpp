@@ -60,7 +60,8 @@ json to_json(const PeerStatus& s) {
   peer["latency_us"] = {{"p50", s.latency_us.p50},
                         {"p99", s.latency_us.p99},
                         {"p999", s.latency_us.p999},
-                        {"count", s.latency_us.count}};
+                        {"count", s.latency_us.count},
+                        {"sum", s.latency_us.sum}};
   return peer;
 }
 

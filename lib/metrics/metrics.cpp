@@ -1,10 +1,10 @@
 #include "metrics/metrics.h"
 
+#include <CivetServer.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <prometheus/client_metric.h>
 #include <prometheus/collectable.h>
-#include <prometheus/exposer.h>
 #include <prometheus/metric_family.h>
 #include <prometheus/text_serializer.h>
 #include <sys/socket.h>
@@ -509,17 +509,18 @@ class Converter {
     }
     std::string sub = where + ".latency_us";
     auto count = number(*it, "count", sub);
-    if (!count || *count < 0) {
-      if (!count) error(sub + " has no count");
+    auto sum = number(*it, "sum", sub);
+    // A summary's _sum is the total of every observed latency; a process
+    // that does not report it (a libpmirror older than this pmirrord) has
+    // no summary rather than a NaN or a made-up value.
+    if (!count || *count < 0 || !sum || *sum < 0) {
+      error(sub + " needs a count and a sum");
       return;
     }
     ClientMetric m;
     m.label = labels;
     m.summary.sample_count = static_cast<uint64_t>(*count);
-    // The status JSON carries quantiles and a count; the sum only if the
-    // process keeps one. Without it _sum is NaN rather than a made-up value.
-    auto sum = number(*it, "sum", sub);
-    m.summary.sample_sum = sum ? *sum / 1e6 : std::numeric_limits<double>::quiet_NaN();
+    m.summary.sample_sum = *sum / 1e6;
     for (auto [key, q] :
          {std::pair{"p50", 0.5}, std::pair{"p99", 0.99}, std::pair{"p999", 0.999}}) {
       if (auto value = number(*it, key, sub)) {
@@ -544,14 +545,14 @@ class Converter {
     auto count = number(*it, "count", sub);
     auto sum = number(*it, "sum_seconds", sub);
     auto buckets = it->find("buckets");
-    if (!count || *count < 0 || buckets == it->end() || !buckets->is_array()) {
-      error(sub + " needs count and a buckets array");
+    if (!count || *count < 0 || !sum || *sum < 0 || buckets == it->end() || !buckets->is_array()) {
+      error(sub + " needs count, sum_seconds and a buckets array");
       return;
     }
     ClientMetric m;
     m.label = labels;
     m.histogram.sample_count = static_cast<uint64_t>(*count);
-    m.histogram.sample_sum = sum ? *sum : std::numeric_limits<double>::quiet_NaN();
+    m.histogram.sample_sum = *sum;
     double previous_le = -std::numeric_limits<double>::infinity();
     double previous_count = 0;
     for (const json& b : *buckets) {
@@ -571,7 +572,7 @@ class Converter {
     }
     m.histogram.bucket.push_back(
         {static_cast<uint64_t>(*count), std::numeric_limits<double>::infinity()});
-    family("pmirror_persist_latency_histogram_seconds",
+    family("pmirror_persist_duration_seconds",
            "persist latency on the peer (primary side) as a histogram, since start",
            MetricType::Histogram)
         .metric.push_back(std::move(m));
@@ -601,11 +602,15 @@ MetricFamily errors_family(uint64_t errors) {
       "pmirror_metrics_snapshot_errors_total", kErrorsHelp, MetricType::Counter, {m}};
 }
 
-class SnapshotCollectable : public prometheus::Collectable {
+// Every scrape: the snapshot's families and the error count. Not
+// prometheus-cpp's Exposer, which adds its own unprefixed exposer_* series
+// (its scrape count, bytes sent, request latency) to every scrape: what the
+// endpoint exports is pmirror_* only, one name space an operator can list.
+class SnapshotCollectable {
  public:
   explicit SnapshotCollectable(SnapshotFn snapshot) : snapshot_(std::move(snapshot)) {}
 
-  std::vector<MetricFamily> Collect() const override {
+  std::vector<MetricFamily> Collect() const {
     Converter converter;
     std::vector<MetricFamily> families;
     try {
@@ -620,9 +625,36 @@ class SnapshotCollectable : public prometheus::Collectable {
     return families;
   }
 
+  std::string text() const { return prometheus::TextSerializer().Serialize(Collect()); }
+
  private:
   SnapshotFn snapshot_;
   mutable std::atomic<uint64_t> errors_{0};
+};
+
+// GET /metrics on civetweb's threads.
+class MetricsHandler : public CivetHandler {
+ public:
+  explicit MetricsHandler(const SnapshotCollectable& collectable) : collectable_(collectable) {}
+
+  bool handleGet(CivetServer* /*server*/, mg_connection* connection) override {
+    std::string body;
+    try {
+      body = collectable_.text();
+    } catch (const std::exception& e) {
+      mg_send_http_error(connection, 500, "metrics: %s", e.what());
+      return true;
+    }
+    mg_printf(connection,
+              "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+              "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+              body.size());
+    mg_write(connection, body.data(), body.size());
+    return true;
+  }
+
+ private:
+  const SnapshotCollectable& collectable_;
 };
 
 Status bad_address(std::string_view host_port, std::string_view why) {
@@ -667,14 +699,17 @@ Result<Endpoint> parse_endpoint(std::string_view host_port) {
 
 std::string render_text(const nlohmann::json& snapshot) {
   SnapshotCollectable collectable([snapshot] { return snapshot; });
-  return prometheus::TextSerializer().Serialize(collectable.Collect());
+  return collectable.text();
 }
 
 class Exporter::Impl {
  public:
-  // Declared before the exposer: the server (and its threads) go first.
-  std::shared_ptr<SnapshotCollectable> collectable;
-  std::unique_ptr<prometheus::Exposer> exposer;
+  explicit Impl(SnapshotFn snapshot) : collectable(std::move(snapshot)), handler(collectable) {}
+  // Declared before the server: the server (and its threads) go first.
+  SnapshotCollectable collectable;
+  MetricsHandler handler;
+  std::unique_ptr<CivetServer> server;
+  uint16_t port = 0;
 };
 
 Result<std::unique_ptr<Exporter>> Exporter::start(const std::string& host_port,
@@ -727,10 +762,9 @@ Result<std::unique_ptr<Exporter>> Exporter::start(const std::string& host_port,
 
   std::string listen =
       v6 ? "[" + std::string(numeric) + "]:" + port_text : std::string(numeric) + ":" + port_text;
-  auto impl = std::make_unique<Impl>();
-  impl->collectable = std::make_shared<SnapshotCollectable>(std::move(snapshot));
+  auto impl = std::make_unique<Impl>(std::move(snapshot));
   try {
-    impl->exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+    impl->server = std::make_unique<CivetServer>(std::vector<std::string>{
         "listening_ports", listen, "num_threads", "2", "request_timeout_ms", "10000"});
   } catch (const std::exception& e) {
     return Status(
@@ -738,9 +772,10 @@ Result<std::unique_ptr<Exporter>> Exporter::start(const std::string& host_port,
         "metrics address '" + host_port + "': cannot listen on " + listen + ": " + e.what() +
             (v6 ? " (this civetweb may be built without IPv6: use an IPv4 address)" : ""));
   }
-  impl->exposer->RegisterCollectable(impl->collectable);
-  auto ports = impl->exposer->GetListeningPorts();
+  impl->server->addHandler("/metrics", impl->handler);
+  auto ports = impl->server->getListeningPorts();
   uint16_t port = ports.empty() ? endpoint.port : static_cast<uint16_t>(ports.front());
+  impl->port = port;
   std::string address = v6 ? "[" + std::string(numeric) + "]:" + std::to_string(port)
                            : std::string(numeric) + ":" + std::to_string(port);
   log::info("metrics: serving http://{}/metrics", address);
@@ -752,9 +787,6 @@ Exporter::Exporter(std::unique_ptr<Impl> impl, std::string address)
 
 Exporter::~Exporter() = default;
 
-uint16_t Exporter::port() const {
-  auto ports = impl_->exposer->GetListeningPorts();
-  return ports.empty() ? 0 : static_cast<uint16_t>(ports.front());
-}
+uint16_t Exporter::port() const { return impl_->port; }
 
 }  // namespace pmirror::metrics

@@ -76,6 +76,7 @@ void LatencyWindow::add(double microseconds) {
     next_ = (next_ + 1) % samples_.size();
   }
   ++count_;
+  sum_ += microseconds;
 }
 
 LatencyWindow::Percentiles LatencyWindow::percentiles() const {
@@ -85,6 +86,7 @@ LatencyWindow::Percentiles LatencyWindow::percentiles() const {
     std::lock_guard lock(mutex_);
     sorted = samples_;
     out.count = count_;
+    out.sum = sum_;
   }
   if (sorted.empty()) return out;
   std::sort(sorted.begin(), sorted.end());

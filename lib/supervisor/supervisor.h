@@ -83,7 +83,9 @@ class Backoff {
   std::mt19937_64 rng_;
 };
 
-// Latency percentiles over a sliding window of the last N samples.
+// Latency percentiles over a sliding window of the last N samples, and
+// the count and sum of every sample ever added (a Prometheus summary's
+// _count and _sum: rate(_sum)/rate(_count) is the mean over any range).
 class LatencyWindow {
  public:
   explicit LatencyWindow(size_t capacity = 4096);
@@ -91,6 +93,7 @@ class LatencyWindow {
   struct Percentiles {
     double p50 = 0, p99 = 0, p999 = 0;
     uint64_t count = 0;  // all samples ever added
+    double sum = 0;      // of all samples ever added, microseconds
   };
   Percentiles percentiles() const;
 
@@ -99,6 +102,7 @@ class LatencyWindow {
   std::vector<double> samples_;  // ring; guarded by mutex_
   size_t next_ = 0;
   uint64_t count_ = 0;
+  double sum_ = 0;
 };
 
 }  // namespace pmirror::supervisor

@@ -198,6 +198,9 @@ class Target::Impl {
 
   // Maps a volume and checks that it can be served; nothing is shared yet.
   Result<std::shared_ptr<ServedVolume>> open_volume(const config::VolumeConfig& volume_config) {
+    // What the checks (`pmirrord --check-config`, `pmirrorctl config check`,
+    // a reload's dry run) ask too, in the same words; then the opens.
+    PMIRROR_RETURN_IF_ERROR(config::check_volume_paths(volume_config, config.node));
     region::OpenOptions open_options;
     open_options.path = volume_config.path;
     open_options.size = volume_config.size;
@@ -205,8 +208,12 @@ class Target::Impl {
     open_options.name = volume_config.name;  // its errors name the volume
     auto region = region::Region::open(open_options);
     if (!region.ok()) return region.status();
+    // Before the copy's metadata is touched: another pmirrord may serve it.
+    auto serve_lock = ServeLock::take(volume_config.name, volume_config.path);
+    if (!serve_lock.ok()) return serve_lock.status();
     if ((*region)->created()) PMIRROR_RETURN_IF_ERROR(set_aside_stale_metadata(volume_config));
     auto served = std::make_shared<ServedVolume>();
+    served->serve_lock = std::move(serve_lock).value();
     served->config = volume_config;
     served->region = std::move(region).value();
     served->methods = offered_methods(capabilities, volume_config, *served->region);
@@ -325,6 +332,9 @@ Result<std::unique_ptr<Target>> Target::start(const config::DaemonConfig& config
   if (!capabilities.ok()) return capabilities.status().with_context("node " + config.node);
   impl->capabilities = *capabilities;
 
+  // What the checks (`pmirrord --check-config`, `pmirrorctl config check`)
+  // ask too, in the same words; then the open.
+  PMIRROR_RETURN_IF_ERROR(config::check_state_pool_path(config.state_pool));
   auto state = state::StateStore::open(config.state_pool, /*create_if_missing=*/true);
   if (!state.ok()) return state.status().with_context("opening the state pool");
   impl->state = std::move(state).value();
@@ -448,12 +458,23 @@ Result<ReloadResult> Target::reload(const config::DaemonConfig& config, bool dry
       auto existing = std::find_if(current.begin(), current.end(), [&](const auto& v) {
         return v->config.name == volume_config.name;
       });
+      const bool settings_kept =
+          existing != current.end() && same_settings((*existing)->config, volume_config);
       if (existing == current.end()) {
         added.push_back(volume_config.name);
-      } else if ((*existing)->region->failed() ||
-                 !same_settings((*existing)->config, volume_config)) {
+      } else if ((*existing)->region->failed() || !settings_kept) {
         changed.push_back(volume_config.name);
+      } else {
+        continue;  // kept open: nothing to check
       }
+      // What the reload would refuse before it opens the volume, in its
+      // words: its paths, another pmirrord serving the copy. A failed
+      // volume with the same settings only stays failed (see below).
+      Status openable = config::check_volume_paths(volume_config, impl.config.node);
+      if (openable.ok()) {
+        openable = check_not_served_elsewhere(volume_config.name, volume_config.path);
+      }
+      if (!openable.ok() && !settings_kept) return openable;
     }
     for (const auto& v : current) {
       auto kept = std::find_if(config.volumes.begin(), config.volumes.end(),

@@ -19,6 +19,7 @@
 #include "session/session.h"
 #include "state/state.h"
 #include "supervisor/supervisor.h"
+#include "target/serve_lock.h"
 #include "target/target.h"
 #include "transport/transport.h"
 
@@ -39,6 +40,9 @@ struct SessionRecord {
 };
 
 struct ServedVolume {
+  // This process serves the copy, and no other pmirrord (serve_lock.h).
+  // First, so that it goes last: after the mapping and the metadata pool.
+  std::unique_ptr<ServeLock> serve_lock;
   config::VolumeConfig config;
   std::unique_ptr<region::Region> region;
   uint32_t methods = 0;  // protocol::PersistMethod bits this target guarantees

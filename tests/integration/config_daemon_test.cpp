@@ -8,8 +8,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -66,6 +68,28 @@ std::string replaced(std::string text, const std::string& from, const std::strin
   EXPECT_NE(at, std::string::npos) << from << " not in:\n" << text;
   if (at != std::string::npos) text.replace(at, from.size(), to);
   return text;
+}
+
+// `pmirrorctl ARGS`: exit status and what it printed (stdout, stderr).
+struct CtlRun {
+  int code = -1;
+  std::string out, err;
+};
+CtlRun run_pmirrorctl(const TempDir& tmp, const std::string& args) {
+  const std::string out_path = tmp.file("ctl.out"), err_path = tmp.file("ctl.err");
+  const std::string command = PMIRRORCTL_PATH " " + args + " >" + out_path + " 2>" + err_path;
+  int status = std::system(command.c_str());
+  return CtlRun{WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(out_path),
+                read_text(err_path)};
+}
+
+// What a refused start said: its "critical: " line.
+std::string start_refusal(const std::string& output) {
+  const std::string marker = "critical: ";
+  size_t at = output.find(marker);
+  if (at == std::string::npos) return "";
+  at += marker.size();
+  return output.substr(at, output.find('\n', at) - at);
 }
 
 class ConfigDaemonTest : public ::testing::Test {
@@ -179,27 +203,18 @@ TEST_F(ConfigDaemonTest, PmirrorctlReloadSaysWhatChangedAndFailsWhenRejected) {
            "}\n    metadata: {target: " + tmp_.file("target-w.pmirror") +
            "}\n    allowed_peers: [app]\n    secret: \"" + kSecret + "\"\n";
   };
-  struct Ctl {
-    int code = -1;
-    std::string out, err;
-  };
   auto ctl = [&](const std::string& args) {
-    const std::string out_path = tmp_.file("ctl.out"), err_path = tmp_.file("ctl.err");
-    const std::string command = PMIRRORCTL_PATH " --socket " + dir() + "/pmirrord.sock " + args +
-                                " >" + out_path + " 2>" + err_path;
-    int status = std::system(command.c_str());
-    return Ctl{WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(out_path),
-               read_text(err_path)};
+    return run_pmirrorctl(tmp_, "--socket " + dir() + "/pmirrord.sock " + args);
   };
 
   const std::string w = tmp_.file("w.img");
   write_text(daemon.config_path(), with_volume_w(w));
-  Ctl dry = ctl("reload --dry-run");
+  CtlRun dry = ctl("reload --dry-run");
   EXPECT_EQ(dry.code, 0) << dry.err;
   EXPECT_EQ(dry.out, "a reload would add w; change none; remove none\n");
   EXPECT_FALSE(std::filesystem::exists(w)) << "a dry run opens nothing";
 
-  Ctl applied = ctl("reload");
+  CtlRun applied = ctl("reload");
   EXPECT_EQ(applied.code, 0) << applied.err << daemon.log();
   EXPECT_EQ(applied.out, "reloaded: added w; changed none; removed none\n");
   EXPECT_TRUE(std::filesystem::exists(w)) << daemon.log();
@@ -209,7 +224,7 @@ TEST_F(ConfigDaemonTest, PmirrorctlReloadSaysWhatChangedAndFailsWhenRejected) {
   ASSERT_EQ(::symlink(v.c_str(), w.c_str()), 0);
   write_text(daemon.config_path(), with_volume_w(w));
   for (const char* args : {"reload --dry-run", "reload"}) {
-    Ctl rejected = ctl(args);
+    CtlRun rejected = ctl(args);
     EXPECT_EQ(rejected.code, 2) << args << ": " << rejected.out << rejected.err;
     EXPECT_TRUE(rejected.out.empty()) << rejected.out;
     EXPECT_NE(rejected.err.find("the running configuration stays"), std::string::npos)
@@ -221,7 +236,7 @@ TEST_F(ConfigDaemonTest, PmirrorctlReloadSaysWhatChangedAndFailsWhenRejected) {
 
   // Back to v alone: w is removed.
   write_text(daemon.config_path(), original);
-  Ctl removed = ctl("reload --json");
+  CtlRun removed = ctl("reload --json");
   EXPECT_EQ(removed.code, 0) << removed.err;
   EXPECT_EQ(nlohmann::json::parse(removed.out, nullptr, false),
             nlohmann::json::parse(R"({"dry_run":false,"added":[],"changed":[],"removed":["w"]})"));
@@ -284,6 +299,132 @@ TEST_F(ConfigDaemonTest, AReloadRemovingTheWritersIdentityEndsItsSession) {
   EXPECT_EQ(log.find("volume removed"), std::string::npos) << log;
   // Its one replica gone (and refusing it now), the writer's persists fail.
   EXPECT_TRUE(eventually([&] { return !(*writer)->write(0, "after", 5).ok(); }, 60s));
+}
+
+// Issue 24: a second pmirrord with its own port, control socket and state
+// pool served the copy the first one served. One pmirrord serves a copy, by
+// its identity (the inode), whichever path names it.
+TEST_F(ConfigDaemonTest, ASecondDaemonOnTheSameCopyIsRefusedNamingTheFirst) {
+  const std::string v = tmp_.file("v.img");
+  DaemonProcess first(dir(), {VolumeSpec{"v", v, kSize}});
+  ASSERT_TRUE(first.start()) << first.log();
+  auto writer = open_writer(first);
+  ASSERT_TRUE(writer.ok()) << writer.status().to_string();
+  ASSERT_TRUE((*writer)->write(0, "before", 6).ok());
+  const std::string served_by =
+      " is already served by another pmirrord (pid " + std::to_string(first.pid()) + ": " +
+      testing::daemon_binary() + " --config " + first.config_path() +
+      " --node target --foreground); a copy is served by one pmirrord at a time";
+
+  TempDir other;
+  const std::string hard_link = other.file("hard.img"), symlink = other.file("soft.img");
+  ASSERT_EQ(::link(v.c_str(), hard_link.c_str()), 0) << std::strerror(errno);
+  ASSERT_EQ(::symlink(v.c_str(), symlink.c_str()), 0) << std::strerror(errno);
+  for (const std::string& path : {v, hard_link, symlink}) {
+    // Its own port, socket, state pool and metadata pool: only the copy is shared.
+    DaemonProcess second(other.path().string(), {VolumeSpec{"v", path, kSize}});
+    EXPECT_FALSE(second.start()) << second.log();
+    const std::string refusal = "volume 'v': its copy " + path + served_by;
+    EXPECT_NE(second.log().find(refusal), std::string::npos) << second.log();
+    std::string output;
+    EXPECT_EQ(
+        testing::run_daemon_to_exit({"--config", second.config_path(), "--node", "target"}, output),
+        3)
+        << output;
+    EXPECT_EQ(start_refusal(output), refusal) << output;
+    // The check says so too (and takes no lock).
+    output.clear();
+    EXPECT_EQ(testing::run_daemon_to_exit(
+                  {"--config", second.config_path(), "--node", "target", "--check-config"}, output),
+              2)
+        << output;
+    EXPECT_NE(output.find("pmirrord: " + refusal + "\n"), std::string::npos) << output;
+  }
+
+  // A reload that adds the copy, under another name, to a daemon serving
+  // another volume: that volume is refused, the reload rejected, and the
+  // daemon goes on serving what it served.
+  DaemonProcess second(other.path().string(), {VolumeSpec{"x", other.file("x.img"), kSize}});
+  ASSERT_TRUE(second.start()) << second.log();
+  const std::string with_w =
+      read_text(second.config_path()) + "  - name: w\n    size: " + std::to_string(kSize) +
+      "\n    primary: app\n    replicas: [target]\n    paths: {app: " + other.file("app-w.img") +
+      ", target: " + symlink + "}\n    allowed_peers: [app]\n    secret: \"" + kSecret + "\"\n";
+  write_text(second.config_path(), with_w);
+  const std::string refusal = "volume 'w': its copy " + symlink + served_by;
+  for (const char* args : {"reload --dry-run", "reload"}) {
+    CtlRun rejected = run_pmirrorctl(tmp_, "--socket " + other.file("pmirrord.sock") + " " + args);
+    EXPECT_EQ(rejected.code, 2) << args << ": " << rejected.out << rejected.err;
+    EXPECT_NE(rejected.err.find(refusal), std::string::npos) << args << ": " << rejected.err;
+  }
+  CtlRun status = run_pmirrorctl(tmp_, "--socket " + other.file("pmirrord.sock") + " status");
+  EXPECT_EQ(status.code, 0) << status.err;
+  EXPECT_NE(status.out.find("x"), std::string::npos) << status.out;
+  EXPECT_TRUE(second.running());
+
+  // The first daemon served throughout: a record written now arrives.
+  ASSERT_TRUE((*writer)->write(512, "after", 5).ok()) << first.log();
+  writer->reset();
+  EXPECT_TRUE(testing::read_file(v) == testing::read_file(tmp_.file("local.img")));
+  EXPECT_EQ(first.terminate(), 0) << first.log();
+  // Once the first has gone, the copy may be served by another.
+  DaemonProcess after(other.path().string(), {VolumeSpec{"v", hard_link, kSize}});
+  EXPECT_EQ(second.terminate(), 0) << second.log();
+  EXPECT_TRUE(after.start()) << after.log();
+}
+
+// Issue 24: a path in a directory that does not exist passed the checks,
+// then the start refused it. The checks refuse what the start refuses, in
+// its words: a volume's directory, the state pool's directory.
+TEST_F(ConfigDaemonTest, TheChecksRefuseWhatTheStartRefusesWithItsMessage) {
+  struct Case {
+    std::string what;
+    std::function<std::string(std::string)> edit;  // of a good config
+    std::string message;
+  };
+  const std::string missing = tmp_.file("missing");
+  const std::vector<Case> cases = {
+      {"a volume's directory",
+       [&](std::string text) {
+         return replaced(text, "target: " + tmp_.file("v.img"), "target: " + missing + "/v.img");
+       },
+       "directory " + missing + " for volume 'v' (" + missing +
+           "/v.img) does not exist; create it (mkdir -p " + missing + ")"},
+      {"the state pool's directory",
+       [&](std::string text) {
+         return replaced(text, "state_pool: " + pool(),
+                         "state_pool: " + missing + "/pmirrord.state");
+       },
+       "opening the state pool: directory " + missing + " for state pool " + missing +
+           "/pmirrord.state does not exist; create it (mkdir -p " + missing + ")"},
+  };
+  DaemonProcess daemon(dir(), {VolumeSpec{"v", tmp_.file("v.img"), kSize}});
+  ASSERT_TRUE(daemon.start()) << daemon.log();  // writes the good config
+  EXPECT_EQ(daemon.terminate(), 0);
+  const std::string good = read_text(daemon.config_path());
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    write_text(daemon.config_path(), c.edit(good));
+    std::string output;
+    EXPECT_EQ(
+        testing::run_daemon_to_exit({"--config", daemon.config_path(), "--node", "target"}, output),
+        3)
+        << output;
+    EXPECT_EQ(start_refusal(output), c.message) << output;
+
+    output.clear();
+    EXPECT_EQ(testing::run_daemon_to_exit(
+                  {"--config", daemon.config_path(), "--node", "target", "--check-config"}, output),
+              2)
+        << output;
+    EXPECT_NE(output.find("pmirrord: " + c.message + "\n"), std::string::npos) << output;
+
+    CtlRun checked = run_pmirrorctl(tmp_, "config check --node target " + daemon.config_path());
+    EXPECT_EQ(checked.code, 2) << checked.out << checked.err;
+    EXPECT_NE((checked.out + checked.err).find(": " + c.message + "\n"), std::string::npos)
+        << checked.out << checked.err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(missing)) << "a check creates nothing";
 }
 
 TEST(VolumeOpenTest, RefusesNamesTheProtocolCannotCarry) {

@@ -54,7 +54,7 @@ VolumeStatus sample_status() {
   in_sync.acknowledged_sequence = 42;
   in_sync.behind_since_generation = 0;
   in_sync.generation = 0xabc;
-  in_sync.latency_us = {10.5, 20, 30, 7};
+  in_sync.latency_us = {10.5, 20, 30, 7, 95.5};
   PeerStatus syncing = in_sync;
   syncing.name = "c";
   syncing.connection.state = supervisor::PeerState::kSyncing;
@@ -118,7 +118,8 @@ TEST(ControlEdge, StatusIsTheObjectOfTheControlDocs) {
   EXPECT_EQ(b["state"], "connected");
   EXPECT_EQ(b["behind_since_generation"], "") << "0: in sync";
   EXPECT_EQ(b["generation"], "0000000000000abc");
-  EXPECT_EQ(b["latency_us"], (json{{"p50", 10.5}, {"p99", 20.0}, {"p999", 30.0}, {"count", 7}}));
+  EXPECT_EQ(b["latency_us"],
+            (json{{"p50", 10.5}, {"p99", 20.0}, {"p999", 30.0}, {"count", 7}, {"sum", 95.5}}));
   const json& c = v["peers"][1];
   EXPECT_EQ(c["state"], "syncing");
   EXPECT_EQ(c["behind_since_generation"], "0000000000000123");

@@ -54,7 +54,8 @@ TEST(PeerStateMachineTest, RecordsSinceAndReasonAndPublishesChanges) {
 
 TEST(PeerStateMachineTest, ANewReasonInTheSameStateKeepsSince) {
   int events = 0;
-  PeerStateMachine machine("v", "p", PeerState::kDisconnected, [&](const StateChange&) { ++events; });
+  PeerStateMachine machine("v", "p", PeerState::kDisconnected,
+                           [&](const StateChange&) { ++events; });
   auto since = machine.snapshot().since;
   std::this_thread::sleep_for(5ms);
   machine.transition(PeerState::kDisconnected, "connection refused");
@@ -68,6 +69,7 @@ TEST(LatencyWindowTest, PercentilesOfTheLastSamples) {
   for (int i = 1; i <= 1000; ++i) window.add(i);
   auto p = window.percentiles();
   EXPECT_EQ(p.count, 1000u);
+  EXPECT_EQ(p.sum, 500500.0);
   EXPECT_NEAR(p.p50, 500, 2);
   EXPECT_NEAR(p.p99, 990, 2);
   EXPECT_NEAR(p.p999, 999, 2);
@@ -76,6 +78,8 @@ TEST(LatencyWindowTest, PercentilesOfTheLastSamples) {
   p = window.percentiles();
   EXPECT_EQ(p.count, 2000u);
   EXPECT_EQ(p.p50, 5000);
+  // The sum is of every sample, not of the window (a summary's _sum).
+  EXPECT_EQ(p.sum, 500500.0 + 1000 * 5000.0);
 }
 
 }  // namespace

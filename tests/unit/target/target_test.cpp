@@ -674,7 +674,7 @@ TEST_F(TargetTest, AFailedVolumeThatCannotBeReopenedStaysFailedWhileTheReloadApp
 TEST_F(TargetTest, ADryRunReloadSaysWhatWouldChangeAndChangesNothing) {
   start();
   config::DaemonConfig next = with_second_volume();
-  next.volumes[0].size *= 2;  // v1 would be reopened
+  next.volumes[0].apm = config::ApmPolicy::kOff;  // v1 would be reopened
 
   auto dry = target_->reload(next, /*dry_run=*/true);
   ASSERT_TRUE(dry.ok()) << dry.status().to_string();
@@ -701,6 +701,25 @@ TEST_F(TargetTest, ADryRunReloadSaysWhatWouldChangeAndChangesNothing) {
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), Errc::kConfigError);
   EXPECT_THAT(refused.status().message(), HasSubstr("cannot change on reload"));
+
+  // ... in the reload's words: a size the file does not have, a new
+  // volume in a directory that does not exist.
+  config::DaemonConfig resized = config_;
+  resized.volumes[0].size *= 2;
+  config::DaemonConfig elsewhere = with_second_volume();
+  const std::string missing = (dir_ / "missing").string();
+  elsewhere.volumes[1].path = missing + "/v2.img";
+  for (const auto& bad : {resized, elsewhere}) {
+    auto dry_refusal = target_->reload(bad, /*dry_run=*/true);
+    ASSERT_FALSE(dry_refusal.ok());
+    auto refusal = target_->reload(bad);
+    ASSERT_FALSE(refusal.ok());
+    EXPECT_EQ(dry_refusal.status().to_string(), refusal.status().to_string());
+  }
+  EXPECT_THAT(target_->reload(elsewhere, /*dry_run=*/true).status().message(),
+              HasSubstr("directory " + missing + " for volume 'v2' (" + missing +
+                        "/v2.img) does not exist"));
+  ASSERT_EQ(target_->status().volumes.size(), 1u) << "nothing was changed";
 }
 
 TEST_F(TargetTest, UnknownVolume) {
