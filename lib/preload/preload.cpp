@@ -125,8 +125,12 @@ std::string g_volume_name;
 bool g_forked_child = false;  // a fork's child: its parent's volume is not its own
 bool g_verbose = false;       // --log-level info or debug: say what the close settled
 // The program may have written the local copy since the last settle (it
-// mapped it): settle_unpersisted has work at the close or exit.
+// mapped it): settle_unpersisted has work at exit.
 std::atomic<bool> g_unsettled{false};
+// It mirrored something since the last settle: the unmap of its last
+// mapping is the close of a pool it wrote (not the header that libpmem
+// maps and unmaps alone while it opens the pool).
+std::atomic<bool> g_mirrored{false};
 
 // A call made by pmirror itself (libpmirror opening, mapping or persisting
 // its own files): passed through. Initial-exec TLS: this library is loaded
@@ -302,6 +306,7 @@ void mirror_requests(std::vector<MirrorRequest*>& batch) {
   for (MirrorRequest* request : batch) request->result = failed;
   // The program writes its pool (a close settled while it opened it again).
   g_unsettled.store(true, std::memory_order_relaxed);
+  g_mirrored.store(true, std::memory_order_relaxed);
 }
 
 // libpmemobj writes bytes of its pool that it never persists (docs in
@@ -366,11 +371,11 @@ void settle_unpersisted() {
                  "its copies differ could not be mirrored: %s; they are recorded dirty and the "
                  "next open copies them\n",
                  g_volume_name.c_str(), mirrored.to_string().c_str());
-  } else if (g_verbose) {
+  } else if (g_verbose && !merged.empty()) {
     std::fprintf(stderr,
-                 "pmirror-run: volume '%s': the program closed its pool: %zu ranges (%llu "
-                 "bytes) where the copies differed (written, never persisted) mirrored\n",
-                 g_volume_name.c_str(), merged.size(), static_cast<unsigned long long>(bytes));
+                 "pmirror-run: volume '%s': the program closed its pool: %llu bytes where the "
+                 "copies differed (written, never persisted) mirrored to the replicas\n",
+                 g_volume_name.c_str(), static_cast<unsigned long long>(bytes));
   }
 }
 
@@ -392,6 +397,7 @@ void worker_loop() {
       // The pool closed, or the program exits: settle what it left, once.
       if ((st.settle || st.stop) && g_unsettled.exchange(false)) {
         st.settle = false;
+        g_mirrored.store(false, std::memory_order_relaxed);
         lock.unlock();
         settle_unpersisted();
         lock.lock();
@@ -599,7 +605,10 @@ PMIRROR_PRELOAD_API void* mmap64(void* addr, size_t length, int prot, int flags,
 
 PMIRROR_PRELOAD_API int munmap(void* addr, size_t length) noexcept {
   int rc = static_cast<int>(::syscall(SYS_munmap, addr, length));
-  if (rc == 0 && forget_mapping(addr, length) && mirroring()) pool_closed();
+  if (rc == 0 && forget_mapping(addr, length) && mirroring() &&
+      g_mirrored.load(std::memory_order_relaxed)) {
+    pool_closed();
+  }
   return rc;
 }
 
