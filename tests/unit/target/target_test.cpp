@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -720,6 +721,42 @@ TEST_F(TargetTest, ADryRunReloadSaysWhatWouldChangeAndChangesNothing) {
               HasSubstr("directory " + missing + " for volume 'v2' (" + missing +
                         "/v2.img) does not exist"));
   ASSERT_EQ(target_->status().volumes.size(), 1u) << "nothing was changed";
+}
+
+// The serve locks /proc/locks lists on `path`'s inode (OFD locks at byte
+// 2^62, where a serving pmirrord marks its copies).
+size_t serve_locks_on(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return 0;
+  std::ifstream locks("/proc/locks");
+  const std::string at = ":" + std::to_string(st.st_ino) + " 4611686018427387904 ";
+  size_t n = 0;
+  for (std::string line; std::getline(locks, line);) {
+    if (line.find("OFDLCK") != std::string::npos && line.find(at) != std::string::npos) ++n;
+  }
+  return n;
+}
+
+// A reload that reopens a changed volume maps its copy again while the old
+// mapping still serves: the process's one lock on the copy goes on (two
+// locks of one process on one copy would refuse each other), and it goes
+// when the last volume naming the copy does.
+TEST_F(TargetTest, AReloadReopeningAVolumeKeepsTheCopysOneServeLock) {
+  start();
+  EXPECT_EQ(serve_locks_on(data_path_), 1u);
+  config::DaemonConfig changed = config_;
+  changed.volumes[0].apm = config::ApmPolicy::kOff;  // reopened
+  auto reloaded = target_->reload(changed);
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status().to_string();
+  EXPECT_EQ(reloaded->changed, std::vector<std::string>{"v1"});
+  EXPECT_EQ(serve_locks_on(data_path_), 1u);
+  // Served by this process, not by another: the checks do not refuse it.
+  EXPECT_TRUE(check_not_served_elsewhere("v1", data_path_).ok());
+  auto client = open_session(target_->port());
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  client = Status(Errc::kClosed, "done");
+  stop();
+  EXPECT_EQ(serve_locks_on(data_path_), 0u);
 }
 
 TEST_F(TargetTest, UnknownVolume) {
