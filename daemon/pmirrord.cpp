@@ -56,7 +56,9 @@ int main(int argc, char** argv) {
                "log for a terminal (time stamps, colour); without it logs suit journald");
   app.add_option("-l,--log-level", log_level,
                  "trace|debug|info|warn|error|critical|off (overrides the config file)");
-  app.add_flag("--check-config", check_only, "validate the configuration and exit");
+  app.add_flag("--check-config", check_only,
+               "validate the configuration, and this host's paths as a start would (creating and "
+               "locking nothing), and exit");
   app.set_version_flag("-V,--version", "pmirrord " PMIRROR_VERSION_STRING);
   CLI11_PARSE(app, argc, argv);
 
@@ -255,11 +257,13 @@ int main(int argc, char** argv) {
     // And the node's pmirror-promoter, where one runs: its leases.
     const std::string promoter_socket =
         pmirror::control::promoter_socket_path(config.control_socket);
-    auto started =
-        pmirror::metrics::Exporter::start(config.metrics->to_string(), [&target, promoter_socket] {
-          nlohmann::json snapshot = pmirror::control::with_local_primaries(
-              pmirror::target::to_json((*target)->status()), pmirror::control::runtime_dir(),
-              std::chrono::seconds(1));
+    // Each application's volumes once per host, however many pmirrords run on it.
+    auto local_primaries =
+        std::make_shared<pmirror::control::LocalPrimaries>(pmirror::control::runtime_dir());
+    auto started = pmirror::metrics::Exporter::start(
+        config.metrics->to_string(), [&target, promoter_socket, local_primaries] {
+          nlohmann::json snapshot = local_primaries->add_to(
+              pmirror::target::to_json((*target)->status()), std::chrono::seconds(1));
           auto promoter = pmirror::control::request(promoter_socket, {{"command", "status"}},
                                                     std::chrono::seconds(1));
           if (promoter.ok() && snapshot.is_object()) snapshot["promoter"] = std::move(*promoter);

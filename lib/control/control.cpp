@@ -5,11 +5,13 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <charconv>
@@ -19,6 +21,7 @@
 #include <deque>
 #include <fstream>
 #include <list>
+#include <map>
 #include <mutex>
 #include <system_error>
 #include <thread>
@@ -254,14 +257,43 @@ std::string initiator_socket_path(pid_t pid, const std::string& dir) {
   return dir + "/initiator-" + std::to_string(pid) + ".sock";
 }
 
-nlohmann::json with_local_primaries(nlohmann::json status, const std::string& dir,
-                                    std::chrono::milliseconds timeout) {
-  auto sockets = list_initiator_sockets(dir);
-  if (!sockets.ok() || sockets->empty() || !status.is_object()) return status;
+LocalPrimaries::LocalPrimaries(std::string dir) : dir_(std::move(dir)) {}
+
+LocalPrimaries::~LocalPrimaries() = default;
+
+bool LocalPrimaries::owns(const InitiatorSocket& socket) {
+  if (claims_.count(socket.path) != 0) return true;
+  // The claim is a lock on a file beside the application's socket: held by
+  // one process at a time, released when that process exits.
+  std::string path = dir_ + "/initiator-" + std::to_string(socket.pid) + ".metrics-owner";
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (fd.get() < 0 || ::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) return false;
+  claims_.emplace(socket.path, Claim{path, std::move(fd)});
+  return true;
+}
+
+nlohmann::json LocalPrimaries::add_to(nlohmann::json status, std::chrono::milliseconds timeout) {
+  std::lock_guard lock(mutex_);
+  auto sockets = list_initiator_sockets(dir_);
+  if (!sockets.ok()) return status;
+  // Applications that went away: their claims go too (the lock file with
+  // them, while this process still holds it).
+  for (auto it = claims_.begin(); it != claims_.end();) {
+    bool listed = std::any_of(sockets->begin(), sockets->end(),
+                              [&](const InitiatorSocket& s) { return s.path == it->first; });
+    if (!listed) {
+      ::unlink(it->second.lock_path.c_str());
+      it = claims_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (sockets->empty() || !status.is_object()) return status;
   nlohmann::json& volumes = status["volumes"];
   if (!volumes.is_array()) volumes = nlohmann::json::array();
   const nlohmann::json ask = {{"command", "status"}};
   for (const InitiatorSocket& socket : *sockets) {
+    if (!owns(socket)) continue;  // another pmirrord on this host exports it
     auto answer = request(socket.path, ask, timeout);
     if (!answer.ok() || !answer->is_object()) continue;
     auto theirs = answer->find("volumes");

@@ -32,7 +32,9 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stop_token>
@@ -42,6 +44,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/unique_fd.h"
 
 namespace pmirror::control {
 
@@ -101,11 +104,31 @@ Result<bool> remove_if_stale(const InitiatorSocket& socket);
 // pmirrord's metrics snapshot: its own status object with, appended to its
 // "volumes", the volumes that the processes on this node have open as
 // primary (each initiator-<pid>.sock in `dir` asked for its status), so that
-// one endpoint per node serves both sides (docs/operations.md#metrics). A
-// process that does not answer within `timeout` (or has gone) is left out
-// of this snapshot; the daemon's own part is never held up beyond that.
-nlohmann::json with_local_primaries(nlohmann::json status, const std::string& dir,
-                                    std::chrono::milliseconds timeout);
+// one endpoint per node serves both sides (docs/operations.md#metrics).
+//
+// One owner per application: of the pmirrords sharing `dir` (two nodes of
+// a test cluster on one host), the first that finds an application claims
+// it (a lock on <dir>/initiator-<pid>.metrics-owner, held while both live)
+// and only it exports that application's volumes; another takes over when
+// the owner exits. A process that does not answer within `timeout` (or
+// has gone) is left out of this snapshot; the daemon's own part is never
+// held up beyond that. Thread-safe.
+class LocalPrimaries {
+ public:
+  explicit LocalPrimaries(std::string dir);
+  ~LocalPrimaries();
+  LocalPrimaries(const LocalPrimaries&) = delete;
+  LocalPrimaries& operator=(const LocalPrimaries&) = delete;
+
+  nlohmann::json add_to(nlohmann::json status, std::chrono::milliseconds timeout);
+
+ private:
+  bool owns(const InitiatorSocket& socket);  // claims it if nobody has
+
+  struct Claim {
+    std::string lock_path;
+    UniqueFd fd;
+  };
 
 // Handles one request (a JSON object with a string "command"; never
 // "events", which the Server handles). Calls are serialised by the Server

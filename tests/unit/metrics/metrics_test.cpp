@@ -6,15 +6,22 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+
+#include "control/control.h"
 
 namespace pmirror::metrics {
 namespace {
@@ -42,6 +49,40 @@ json canned() {
        ]}
     ]
   })");
+}
+
+// canned() with every other part of a status: a replica volume with its
+// copy and sessions, admission, pmirror-promoter.
+json everything() {
+  json snapshot = canned();
+  snapshot["admission"] = {{"unauthenticated", 1}, {"evicted", 2}, {"timed_out", 3},
+                           {"dropped", 4},         {"refused", 5}, {"authentication_failures", 6}};
+  json replica = {
+      {"name", "db1"},
+      {"role", "replica"},
+      {"size", 4096},
+      {"path", "/pmem/db1"},
+      {"backing", "plain file"},
+      {"state", "ok"},
+      {"generation", 2},
+      {"last_sequence", 77},
+      {"copy", {{"generation", "9f3a2b1c4d5e6f70"}, {"consistent", true}, {"promoted", false}}},
+      {"peers",
+       {{{"name", "app1@10.0.0.1:40000"},
+         {"address", "10.0.0.1:40000"},
+         {"transport", "tcp"},
+         {"state", "connected"},
+         {"since", "2026-12-02T10:00:00Z"},
+         {"acknowledged_sequence", 77},
+         {"persists", 10},
+         {"bytes", 100},
+         {"errors", 0}}}}};
+  snapshot["volumes"].push_back(replica);
+  snapshot["promoter"] = {
+      {"lease", {{"id", 7}, {"deadline_in_ms", 2500}, {"renewals", 41}, {"renewal_failures", 2}}},
+      {"volumes",
+       {{{"name", "db1"}, {"holder", "node2"}, {"held", false}, {"takeovers", 0}, {"losses", 1}}}}};
+  return snapshot;
 }
 
 // "name{a="1",b="2"} value" lines -> value, keyed by name and sorted labels.
@@ -227,18 +268,15 @@ TEST(MetricsTest, ScrapeShowsTheSnapshot) {
   EXPECT_NEAR(*value(s, "pmirror_persist_latency_seconds_sum", kNode2), 7.0, 1e-9);
   EXPECT_FALSE(value(s, "pmirror_persist_latency_seconds_count", kNode3).has_value());
   // Histogram from the optional latency_histogram.
-  EXPECT_EQ(
-      value(s, "pmirror_persist_latency_histogram_seconds_bucket", with(kNode2, "le", "5e-05")), 40)
+  EXPECT_EQ(value(s, "pmirror_persist_duration_seconds_bucket", with(kNode2, "le", "5e-05")), 40)
       << text;
-  EXPECT_EQ(
-      value(s, "pmirror_persist_latency_histogram_seconds_bucket", with(kNode2, "le", "+Inf")), 100)
+  EXPECT_EQ(value(s, "pmirror_persist_duration_seconds_bucket", with(kNode2, "le", "+Inf")), 100)
       << text;
-  EXPECT_EQ(value(s, "pmirror_persist_latency_histogram_seconds_count", kNode2), 100);
+  EXPECT_EQ(value(s, "pmirror_persist_duration_seconds_count", kNode2), 100);
 
   EXPECT_NE(text.find("# TYPE pmirror_persists_total counter"), std::string::npos) << text;
   EXPECT_NE(text.find("# TYPE pmirror_persist_latency_seconds summary"), std::string::npos);
-  EXPECT_NE(text.find("# TYPE pmirror_persist_latency_histogram_seconds histogram"),
-            std::string::npos);
+  EXPECT_NE(text.find("# TYPE pmirror_persist_duration_seconds histogram"), std::string::npos);
 
   // The next scrape sees the next snapshot.
   {
@@ -250,6 +288,134 @@ TEST(MetricsTest, ScrapeShowsTheSnapshot) {
   EXPECT_EQ(value(s, "pmirror_persists_total", kNode2), 200000);
   EXPECT_EQ(value(s, "pmirror_peer_connected", kNode3), 1);
   EXPECT_EQ(value(s, "pmirror_peer_state", with(kNode3, "state", "disconnected")), 0);
+}
+
+// What an endpoint serves is in pmirror's name space only (no exposer_*
+// series of the HTTP library) and holds no NaN: a summary's _sum is the
+// total of the observed latencies.
+TEST(MetricsTest, AScrapeHasOnlyPmirrorSeriesAndNoNaN) {
+  auto exporter = Exporter::start("127.0.0.1:0", [] { return everything(); });
+  ASSERT_TRUE(exporter.ok()) << exporter.status().message();
+  std::string response = http_get((*exporter)->port(), "/metrics");
+  ASSERT_EQ(response.rfind("HTTP/1.1 200", 0), 0u) << response;
+  EXPECT_NE(response.find("Content-Type: text/plain; version=0.0.4"), std::string::npos)
+      << response;
+  std::string text = body_of(response);
+  std::istringstream lines(text);
+  std::string line;
+  size_t series = 0;
+  while (std::getline(lines, line)) {
+    if (line.empty()) continue;
+    std::string name = line;
+    if (line.rfind("# HELP ", 0) == 0 || line.rfind("# TYPE ", 0) == 0) name = line.substr(7);
+    EXPECT_EQ(name.rfind("pmirror_", 0), 0u) << line;
+    EXPECT_EQ(line.find("NaN"), std::string::npos) << line;
+    EXPECT_EQ(line.find("Nan"), std::string::npos) << line;
+    if (line[0] != '#') ++series;
+  }
+  EXPECT_GT(series, 50u) << text;
+  EXPECT_NEAR(*value(parse(text), "pmirror_persist_latency_seconds_sum", kNode2), 7.0, 1e-9);
+  EXPECT_EQ(value(parse(text), "pmirror_metrics_snapshot_errors_total"), 0) << text;
+}
+
+// A process that reports no latency sum (a libpmirror older than the
+// pmirrord) has no summary, rather than one whose _sum is NaN.
+TEST(MetricsTest, ALatencyWithoutASumIsLeftOutNotNaN) {
+  json snapshot = canned();
+  snapshot["volumes"][0]["peers"][0]["latency_us"].erase("sum");
+  snapshot["volumes"][0]["peers"][0]["latency_histogram"].erase("sum_seconds");
+  std::string text = render_text(snapshot);
+  EXPECT_EQ(text.find("NaN"), std::string::npos) << text;
+  auto s = parse(text);
+  EXPECT_FALSE(value(s, "pmirror_persist_latency_seconds_count", kNode2).has_value()) << text;
+  EXPECT_FALSE(value(s, "pmirror_persist_duration_seconds_count", kNode2).has_value());
+  EXPECT_EQ(value(s, "pmirror_metrics_snapshot_errors_total"), 2);
+  EXPECT_EQ(value(s, "pmirror_persists_total", kNode2), 123450) << "the rest is there";
+}
+
+// Prometheus's own parser and linter on a scrape with every part of a
+// status (Debian's `prometheus` package has promtool).
+TEST(MetricsTest, PromtoolChecksTheScrape) {
+  std::string promtool;
+  for (const char* candidate : {"/usr/bin/promtool", "/usr/local/bin/promtool"}) {
+    if (std::filesystem::exists(candidate)) promtool = candidate;
+  }
+  if (promtool.empty()) {
+    GTEST_SKIP() << "promtool is not installed (Debian: apt-get install prometheus; "
+                    "scripts/install-deps.sh installs it)";
+  }
+  auto exporter = Exporter::start("127.0.0.1:0", [] { return everything(); });
+  ASSERT_TRUE(exporter.ok()) << exporter.status().message();
+  std::string text = body_of(http_get((*exporter)->port(), "/metrics"));
+  std::string file = ::testing::TempDir() + "metrics_test_scrape.txt";
+  std::ofstream(file) << text;
+  std::string command = promtool + " check metrics < " + file + " 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) output.append(buffer, n);
+  int rc = ::pclose(pipe);
+  std::filesystem::remove(file);
+  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0)
+      << "promtool check metrics: " << output << "\non:\n"
+      << text;
+  EXPECT_EQ(output, "") << text;
+}
+
+// Two pmirrords on one host (two nodes of a test cluster sharing the
+// runtime directory) and an application with volume db0 open as primary:
+// each primary-side series comes from one endpoint, and from the other
+// once the first is gone.
+TEST(MetricsTest, AnApplicationsPrimarySeriesComeFromOneDaemonOfAHost) {
+  std::string dir = ::testing::TempDir() + "metrics_test_run." + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  json application = canned();
+  application["process"] = {{"kind", "initiator"}, {"pid", ::getpid()}};
+  auto server = control::Server::start(control::initiator_socket_path(::getpid(), dir),
+                                       [&](const json&) -> Result<json> { return application; });
+  ASSERT_TRUE(server.ok()) << server.status().message();
+
+  auto scrape = [&](control::LocalPrimaries& daemon, const std::string& node) {
+    json replica = {
+        {"name", "db9"}, {"role", "replica"}, {"state", "ok"}, {"peers", json::array()}};
+    json status = {{"process", {{"kind", "pmirrord"}, {"node", node}}},
+                   {"volumes", json::array({replica})}};
+    return render_text(daemon.add_to(status, std::chrono::seconds(5)));
+  };
+  // Every primary-side series once across the host's endpoints.
+  auto expect_once = [](const std::vector<std::string>& scrapes) {
+    std::map<std::string, int> seen;
+    for (const std::string& text : scrapes) {
+      for (const auto& [series, v] : parse(text)) {
+        if (series.find("role=primary,") != std::string::npos) ++seen[series];
+      }
+    }
+    EXPECT_GT(seen.size(), 20u);
+    for (const auto& [series, count] : seen) EXPECT_EQ(count, 1) << series;
+  };
+  auto a = std::make_unique<control::LocalPrimaries>(dir);
+  control::LocalPrimaries b(dir);
+  for (int round = 0; round < 2; ++round) {
+    std::string node_a = scrape(*a, "a");
+    std::string node_b = scrape(b, "b");
+    EXPECT_EQ(value(parse(node_a), "pmirror_persists_total", kNode2), 123450) << node_a;
+    EXPECT_EQ(node_b.find("role=\"primary\""), std::string::npos) << node_b;
+    EXPECT_NE(node_b.find("role=\"replica\""), std::string::npos) << "its own part stays";
+    expect_once({node_a, node_b});
+  }
+  a.reset();  // node a's pmirrord stops: b takes the application over
+  std::string node_b = scrape(b, "b");
+  EXPECT_EQ(value(parse(node_b), "pmirror_persists_total", kNode2), 123450) << node_b;
+  expect_once({node_b});
+  // The application goes: its claim (and lock file) with it.
+  server->reset();
+  scrape(b, "b");
+  EXPECT_FALSE(
+      std::filesystem::exists(dir + "/initiator-" + std::to_string(::getpid()) + ".metrics-owner"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(MetricsTest, MalformedFieldsAreSkippedAndCounted) {
