@@ -23,6 +23,7 @@
 #include "defaults.h"
 #include "metrics/metrics.h"
 #include "supervisor/supervisor.h"
+#include "systemd/private_tmp.h"
 #include "systemd/systemd.h"
 #include "target/serve_lock.h"
 #include "target/target.h"
@@ -119,6 +120,17 @@ int main(int argc, char** argv) {
   if (config.volumes.empty()) {
     spdlog::warn("node {} is a replica of no volume in {}; listening without serving any",
                  config.node, config_path);
+  }
+  // A path under /tmp while systemd's PrivateTmp= is on (the unit's
+  // default) is private to this run and deleted at its stop: said, not
+  // refused (systemd/private_tmp.h says why).
+  std::vector<pmirror::systemd::NamedPath> own_paths{{"the state pool", config.state_pool}};
+  for (const auto& volume : config.volumes) {
+    own_paths.push_back({"volume " + volume.name, volume.path});
+    own_paths.push_back({"volume " + volume.name + "'s metadata", volume.metadata_path});
+  }
+  for (const std::string& warning : pmirror::systemd::private_tmp_warnings(own_paths)) {
+    spdlog::warn("{}", warning);
   }
 
   // Signals are taken by a dedicated thread with sigwait, so that stop()
