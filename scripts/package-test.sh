@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # The Debian packages, built and proven (docs/packaging.md):
-#   1. dpkg-buildpackage -us -uc -b on a copy of the tree, in build-package/;
+#   1. dpkg-buildpackage -us -uc -b --post-clean on a copy of the tree, in
+#      build-package/, which is left with the same files as before;
 #   2. lintian: no error, no warning;
 #   3. the binaries carry the hardening (fortify, stack protector, relro,
 #      BIND_NOW, PIE) and are stripped; their sizes are printed;
-#   4. dpkg -i of pmirrord, libpmirror0 and libpmirror-dev;
+#   4. dpkg -i of pmirrord, libpmirror0, libpmirror-dev and pmirror-run;
 #   5. the installed files: --version, systemd-analyze verify on the
 #      installed unit, the man pages, the bash completion, the conffile;
 #   6. the quick start against the installed binaries;
 #   7. an external C program (pkg-config) and CMake project (find_package)
 #      built against libpmirror-dev mirror writes to the installed pmirrord;
-#   8. the packages are purged again, and a cluster file that was there
-#      before is put back (PMIRROR_PACKAGE_KEEP=1 leaves them installed).
+#   8. pmirrord used once (a volume, a secret in /etc/pmirror, the default
+#      state pool), then the packages purged: nothing of theirs is left in
+#      /etc/pmirror, /var/lib/pmirror, /run/pmirror or systemd's folders.
+#      A machine that had pmirror before keeps it: then nothing is purged,
+#      and a cluster file that was there is put back (PMIRROR_PACKAGE_KEEP=1
+#      leaves the packages installed).
 # Run as root on Debian 12 (scripts/test.sh calls it; PMIRROR_SKIP_PACKAGE=1
 # skips it there). Build dependencies come from scripts/install-deps.sh.
 set -euo pipefail
@@ -42,6 +47,9 @@ mkdir -p "$source_copy"
 # The tree as it is (uncommitted changes too), without build trees or git.
 tar -C "$repo" --exclude=./.git --exclude='./build*' --exclude=./.lab-cache --exclude=./out \
   -cf - . | tar -C "$source_copy" -xf -
+# What the tree holds before the build: the build must leave it so.
+tree_files() { (cd "$source_copy" && find . | LC_ALL=C sort); }
+files_before=$(tree_files)
 started=$SECONDS
 # Line tables only (-g1 after Debian's -g: the last one counts), as
 # scripts/build.sh builds: the debug symbols package is smaller and the
@@ -51,11 +59,15 @@ started=$SECONDS
 if [[ ${PMIRROR_PACKAGE_FULL_DEBUG_INFO:-0} != 1 ]]; then
   export DEB_CFLAGS_APPEND=-g1 DEB_CXXFLAGS_APPEND=-g1
 fi
-if ! (cd "$source_copy" && dpkg-buildpackage -us -uc -b) >"$out/build.log" 2>&1; then
+if ! (cd "$source_copy" && dpkg-buildpackage -us -uc -b --post-clean) >"$out/build.log" 2>&1; then
   tail -50 "$out/build.log" >&2
   fail "dpkg-buildpackage failed; the whole log is $out/build.log"
 fi
 build_seconds=$((SECONDS - started))
+left=$(diff <(echo "$files_before") <(tree_files) | grep '^[<>]' || true)
+[[ -z $left ]] || fail "the package build changed the tree ('>' left behind, '<' removed); debian/rules clean must undo it:
+$left"
+echo "the tree after the build: as before (debian/rules clean undid the build)"
 arch=$(dpkg --print-architecture)
 changes=$out/pmirror_${version}_${arch}.changes
 debs=()
@@ -121,13 +133,23 @@ for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" &&
     preinstalled+=("$package")
 done
+# Step 8 purges and looks for leftovers only on a machine without pmirror:
+# elsewhere the state and secrets there are someone's.
+pristine=1
+((${#preinstalled[@]} == 0)) || pristine=0
+for path in /etc/pmirror /var/lib/pmirror; do [[ -e $path ]] && pristine=0; done
 saved_cluster_file=
 if [[ -e /etc/pmirror/cluster.yaml ]] && ! dpkg -S /etc/pmirror/cluster.yaml >/dev/null 2>&1; then
   saved_cluster_file=$out/cluster.yaml.saved
   cp -a /etc/pmirror/cluster.yaml "$saved_cluster_file"
 fi
+purged=0
+use_pid=
 cleanup() {
-  if [[ ${PMIRROR_PACKAGE_KEEP:-0} == 1 ]]; then
+  [[ -n $use_pid ]] && kill "$use_pid" 2>/dev/null && wait "$use_pid" 2>/dev/null
+  if ((purged)); then
+    return
+  elif [[ ${PMIRROR_PACKAGE_KEEP:-0} == 1 ]]; then
     echo "package: left installed (PMIRROR_PACKAGE_KEEP=1): ${packages[*]}"
     return
   fi
@@ -222,4 +244,60 @@ PMIRROR_QUICKSTART_INSTALLED=1 PMIRROR_PORT=${PMIRROR_PORT:-17460} "$repo/script
 step "external C (pkg-config) and CMake (find_package) programs against libpmirror-dev"
 "$repo/tests/external/install_and_mirror.sh" --installed
 
-step "OK: built in ${build_seconds}s, lintian clean, installed, verified"
+# ---- 8. use, then purge: nothing of pmirror's is left ----------------------
+if ((pristine)) && [[ ${PMIRROR_PACKAGE_KEEP:-0} != 1 ]]; then
+  step "pmirrord used once, then dpkg --purge ${packages[*]}: nothing left"
+  # What a node's first use creates, as the installed cluster file says: a
+  # secret in /etc/pmirror, the default state pool in /var/lib/pmirror, the
+  # control socket in /run/pmirror. The volume lives outside all three.
+  use=$out/use
+  mkdir -p "$use" /run/pmirror
+  (umask 077 && head -c 32 /dev/urandom | base64 >/etc/pmirror/pkgtest.secret)
+  cat >/etc/pmirror/cluster.yaml <<YAML
+nodes:
+  - {name: pkgtest-app, address: 192.0.2.1, port: 17471}
+  - {name: pkgtest-replica, address: 127.0.0.1, port: ${PMIRROR_PORT:-17460}}
+volumes:
+  - name: pkgtest
+    size: 1MiB
+    primary: pkgtest-app
+    replicas: [pkgtest-replica]
+    path: $use/pkgtest.img
+    create: true
+    allowed_peers: [pkgtest]
+    secret_file: /etc/pmirror/pkgtest.secret
+YAML
+  /usr/sbin/pmirrord --node pkgtest-replica --foreground >"$out/use.log" 2>&1 &
+  use_pid=$!
+  for _ in $(seq 300); do
+    /usr/sbin/pmirrorctl status >/dev/null 2>&1 && break
+    kill -0 "$use_pid" 2>/dev/null || { cat "$out/use.log" >&2; fail "pmirrord did not start"; }
+    sleep 0.1
+  done
+  /usr/sbin/pmirrorctl status >/dev/null || { cat "$out/use.log" >&2; fail "pmirrord does not answer"; }
+  kill "$use_pid"
+  wait "$use_pid" || true
+  use_pid=
+  [[ -f /var/lib/pmirror/pmirrord.state ]] || fail "pmirrord made no /var/lib/pmirror/pmirrord.state"
+  # Enabled, as an operator does: the purge takes the links away too.
+  enabled=0
+  systemctl enable pmirrord.service >/dev/null 2>&1 && enabled=1
+  dpkg -P "${packages[@]}" >"$out/purge.log" 2>&1 || { cat "$out/purge.log" >&2; fail "dpkg -P"; }
+  purged=1
+  for package in "${packages[@]}"; do
+    status=$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null || true)
+    [[ -z $status || $status == *not-installed ]] || fail "$package after dpkg -P: $status"
+  done
+  left=$(find /etc/pmirror /var/lib/pmirror /run/pmirror /usr/share/doc/pmirrord \
+    /etc/systemd /lib/systemd/system /var/lib/systemd \( -name '*pmirror*' -o -path '*pmirror/*' \) \
+    2>/dev/null || true)
+  [[ -z $left ]] || { cat "$out/purge.log" >&2; fail "dpkg -P left:
+$left"; }
+  [[ -f $use/pkgtest.img ]] || fail "dpkg -P removed the volume $use/pkgtest.img"
+  how=; ((enabled)) && how=" (the unit was enabled)"
+  echo "purged: no /etc/pmirror, /var/lib/pmirror, /run/pmirror, unit or link left$how; the volume outside them kept"
+else
+  echo "package: step 8 (purge) skipped: pmirror was on this machine before, or PMIRROR_PACKAGE_KEEP=1"
+fi
+
+step "OK: built in ${build_seconds}s, lintian clean, installed, verified, purged clean"
