@@ -170,6 +170,7 @@ void Peers::drop(Peer& peer, const Status& why, PeerState to) {
   note_fenced(why);
   if (peer.replica) {
     uint64_t done = peer.replica->done_upto();
+    peer.acknowledged = std::max(peer.acknowledged, done);
     ledger_.for_each_unsettled([&](const InFlightPersist& persist) {
       if (persist.sequence > done) mark_dirty(peer, persist.offset, persist.length);
     });
@@ -392,7 +393,7 @@ PeerStatus Peers::status(const Peer& peer) const {
   s.address = peer.spec.address + ":" + std::to_string(peer.spec.port);
   s.transport = peer.spec.transport;
   s.connection = peer.state.snapshot();
-  s.acknowledged_sequence = peer.replica ? peer.replica->done_upto() : 0;
+  s.acknowledged_sequence = peer.replica ? peer.replica->done_upto() : peer.acknowledged;
   s.method = peer.replica ? (peer.replica->uses_apm() ? "apm" : "gpspm") : "";
   uint64_t last = ledger_.last_started();
   s.lag = last > s.acknowledged_sequence ? last - s.acknowledged_sequence : 0;

@@ -83,6 +83,10 @@ struct Peer {
   bool verifying = false;
   uint64_t verify_done_bytes = 0;
 
+  // The last sequence it acknowledged, kept across its sessions: status
+  // shows it (and the lag from it) while it is away.
+  uint64_t acknowledged = 0;
+
   // Since open.
   supervisor::LatencyWindow latency;
   uint64_t persists = 0;

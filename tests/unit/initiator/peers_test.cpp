@@ -116,6 +116,34 @@ TEST_F(PeersTest, ALostReplicaGetsItsUnacknowledgedRangesMarkedAndItsSessionForg
   EXPECT_EQ(volume_->peers.replica_status(peer).last_error, "cable pulled");
 }
 
+// Away, a replica's status keeps the last sequence it acknowledged, and
+// the lag counts from there (it read acked:0 and a lag of every sequence
+// ever started).
+TEST_F(PeersTest, AnAwayReplicaKeepsItsLastAcknowledgedSequence) {
+  open(1);
+  ASSERT_TRUE(all_in_sync());
+  std::unique_lock lock(volume_->core.mutex);
+  Peer& peer = peer_at(0);
+  uint64_t acked = 0;
+  for (int i = 0; i < 3; ++i) {
+    acked = volume_->ledger.start(0, 100);
+    ASSERT_TRUE(peer.replica->post_persist(acked, 0, 100).ok());
+    ASSERT_TRUE(peer.replica->wait_for(acked).ok());
+  }
+  ASSERT_EQ(volume_->peers.status(peer).acknowledged_sequence, acked);
+  volume_->peers.drop(peer, Status(Errc::kConnectionError, "cable pulled"));
+  ASSERT_FALSE(peer.live());
+  auto away = volume_->peers.status(peer);
+  EXPECT_EQ(away.acknowledged_sequence, acked);
+  EXPECT_EQ(away.lag, 0u) << "nothing started since it left";
+  // Persists started while it is away: the lag counts them.
+  uint64_t later = 0;
+  for (int i = 0; i < 2; ++i) later = volume_->ledger.start(2 * kChunk, 10);
+  away = volume_->peers.status(peer);
+  EXPECT_EQ(away.acknowledged_sequence, acked);
+  EXPECT_EQ(away.lag, later - acked);
+}
+
 TEST_F(PeersTest, AnInSyncReplicaLearnsTheNewGenerationAndIsUntracked) {
   open(2, /*ack=*/1);
   ASSERT_TRUE(all_in_sync());
