@@ -96,4 +96,26 @@ TEST(UnitFileTest, HasTheDocumentedSettings) {
             std::string::npos);
 }
 
+// The promoter gets the hardening its hooks can live with (docs/operations.md,
+// "pmirror-promoter.service"), and none of the settings that would reach the
+// application a start_command starts: a private /tmp, a closed device list
+// (ProtectClock= implies one), no new privileges, capabilities or families.
+TEST(UnitFileTest, ThePromoterHasTheHardeningItsHooksAllow) {
+  std::string text = read_text(PMIRROR_PROMOTER_UNIT_SOURCE);
+  ASSERT_NE(text.find("ExecStart=/usr/sbin/pmirror-promoter"), std::string::npos);
+  for (const char* line :
+       {"ProtectSystem=full\n", "ProtectKernelTunables=yes\n", "ProtectKernelModules=yes\n",
+        "ProtectKernelLogs=yes\n", "ProtectControlGroups=yes\n", "ProtectHostname=yes\n",
+        "RestrictSUIDSGID=yes\n", "LockPersonality=yes\n", "RuntimeDirectory=pmirror\n"}) {
+    EXPECT_NE(text.find(line), std::string::npos) << "missing: " << line;
+  }
+  for (const char* setting :
+       {"\nPrivateTmp=", "\nProtectHome=", "\nPrivateDevices=", "\nDevicePolicy=", "\nDeviceAllow=",
+        "\nProtectClock=", "\nNoNewPrivileges=", "\nCapabilityBoundingSet=",
+        "\nRestrictAddressFamilies=", "\nRestrictNamespaces=", "\nRestrictRealtime=",
+        "\nSystemCallArchitectures=", "\nProtectSystem=strict"}) {
+    EXPECT_EQ(text.find(setting), std::string::npos) << "would reach the hooks: " << setting + 1;
+  }
+}
+
 }  // namespace
