@@ -121,7 +121,12 @@ struct FileIdentity {
 FileIdentity g_copy;
 std::atomic<bool> g_watching{false};  // the volume is open: mappings are noted
 uint64_t g_volume_size = 0;
-std::string g_volume_name;
+// The volume's name for the messages that stop the program. A character
+// array, not a std::string: constant-initialised and never destroyed, so
+// that it holds the name whatever the order of this library's constructor,
+// the globals' initialisation and the destructors at exit (a std::string
+// here read '' in the abort message).
+char g_volume_name[256] = "";
 bool g_forked_child = false;  // a fork's child: its parent's volume is not its own
 bool g_verbose = false;       // --log-level info or debug: say what the close settled
 // The program may have written the local copy since the last settle (it
@@ -163,7 +168,7 @@ void note_mapping(void* addr, size_t length, int fd, off_t offset) {
   std::fprintf(stderr,
                "pmirror-run: volume '%s': more than %d mappings of its local copy; stopping "
                "rather than leave one unmirrored\n",
-               g_volume_name.c_str(), kMaxMappings);
+               g_volume_name, kMaxMappings);
   std::abort();
 }
 
@@ -229,7 +234,7 @@ __attribute__((tls_model("initial-exec"))) thread_local PendingGroup t_pending{}
                "pmirror-run: volume '%s': a persist could not be mirrored: %s. Stopping the "
                "program: libpmem's drain has no error return, and going on would let it take "
                "data that is not on the replicas as durable (pmirror-run(1))\n",
-               g_volume_name.c_str(), why.to_string().c_str());
+               g_volume_name, why.to_string().c_str());
   std::abort();
 }
 
@@ -328,7 +333,7 @@ void settle_unpersisted() {
                  "pmirror-run: volume '%s': the program closed its pool, but its copies could "
                  "not be compared: %s; bytes that it wrote without persisting them may differ "
                  "on the replicas until its next close (harmless to the pool: pmirror-run(1))\n",
-                 g_volume_name.c_str(), compared.status().to_string().c_str());
+                 g_volume_name, compared.status().to_string().c_str());
     return;
   }
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
@@ -338,7 +343,7 @@ void settle_unpersisted() {
                    "pmirror-run: volume '%s': the program closed its pool, but replica %s could "
                    "not be compared: %s; bytes that it wrote without persisting them may differ "
                    "there until its next close (harmless to the pool: pmirror-run(1))\n",
-                   g_volume_name.c_str(), peer.peer.c_str(), peer.status.to_string().c_str());
+                   g_volume_name, peer.peer.c_str(), peer.status.to_string().c_str());
     }
     ranges.insert(ranges.end(), peer.mismatches.begin(), peer.mismatches.end());
   }
@@ -370,12 +375,12 @@ void settle_unpersisted() {
                  "pmirror-run: volume '%s': the program closed its pool, but the chunks where "
                  "its copies differ could not be mirrored: %s; they are recorded dirty and the "
                  "next open copies them\n",
-                 g_volume_name.c_str(), mirrored.to_string().c_str());
+                 g_volume_name, mirrored.to_string().c_str());
   } else if (g_verbose && !merged.empty()) {
     std::fprintf(stderr,
                  "pmirror-run: volume '%s': the program closed its pool: %llu bytes where the "
                  "copies differed (written, never persisted) mirrored to the replicas\n",
-                 g_volume_name.c_str(), static_cast<unsigned long long>(bytes));
+                 g_volume_name, static_cast<unsigned long long>(bytes));
   }
 }
 
@@ -538,7 +543,7 @@ __attribute__((constructor)) void start_mirroring() {
   std::string log_level = take_env("PMIRROR_RUN_LOG_LEVEL");
   leave_children_alone();
   if (config.empty() || volume.empty()) return;  // not under pmirror-run: forward only
-  g_volume_name = volume;
+  std::snprintf(g_volume_name, sizeof g_volume_name, "%s", volume.c_str());
   g_verbose = log_level == "debug" || log_level == "info";
   pmirror::set_log_threshold(log_level == "debug"  ? pmirror::LogLevel::kDebug
                              : log_level == "info" ? pmirror::LogLevel::kInfo

@@ -165,7 +165,7 @@ wait "$program"
 rc=$?
 # abort(3): killed by SIGABRT (128 + 6), with the reason on stderr.
 [[ $rc -eq 134 ]] || fail "the program went on without its replica: exit $rc"
-grep -q "a persist could not be mirrored" "$work/run3.err" ||
+grep -q "volume 'v': a persist could not be mirrored" "$work/run3.err" ||
   fail "the program did not say why it stopped: $(tail -3 "$work/run3.err")"
 last=$(awk '/^committed /{k=$2} END{print k+0}' "$work/log")
 check_replica "$last" at-least
