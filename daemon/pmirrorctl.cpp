@@ -588,6 +588,39 @@ int run_role(const Global& global, const json& request, bool as_json) {
   return kExitOk;
 }
 
+// disconnect / connect, to the primary's libpmirror (found as resync finds it).
+int run_connect(const Global& global, const std::string& volume, const std::string& peer,
+                bool connect, bool as_json) {
+  Located primary = find_primary(global, volume);
+  if (primary.exit_code != kExitOk) return primary.exit_code;
+  json request = {{"command", connect ? "connect" : "disconnect"}, {"volume", volume}};
+  if (!peer.empty()) request["peer"] = peer;
+  auto result =
+      control::request(primary.path, request, std::chrono::milliseconds(global.timeout_ms));
+  if (!result.ok()) return command_failed(result.status());
+  if (as_json) {
+    print_json(*result);
+  } else {
+    std::fputs(control::format_connect_human(*result).c_str(), stdout);
+  }
+  return kExitOk;
+}
+
+// down / up, to pmirrord.
+int run_down(const Global& global, const std::string& volume, bool down, bool as_json) {
+  if (int unreachable = daemon_unreachable(global); unreachable != kExitOk) return unreachable;
+  auto result = control::request(
+      global.socket, {{"command", down ? "down" : "up"}, {"volume", volume}},
+      std::chrono::milliseconds(global.timeout_given ? global.timeout_ms : kRoleTimeoutMs));
+  if (!result.ok()) return command_failed(result.status());
+  if (as_json) {
+    print_json(*result);
+  } else {
+    std::printf("%s\n", control::format_down_human(*result).c_str());
+  }
+  return kExitOk;
+}
+
 // "v2, v3" or "none".
 std::string names_or_none(const json& names) {
   std::string out;
@@ -782,6 +815,35 @@ int main(int argc, char** argv) {
   demote->add_flag("--json", command_json,
                    "print the reply as JSON (/usr/share/doc/pmirrord/control.md)");
 
+  auto* disconnect = app.add_subcommand(
+      "disconnect",
+      "end the session to a replica and keep it disconnected until `connect` (its writes are "
+      "recorded dirty)");
+  disconnect->add_option("VOLUME", command_volume, "a volume open as primary on this node")
+      ->required();
+  disconnect->add_option("--peer", peer, "only this replica (default: every one)");
+  disconnect->add_flag("--json", command_json,
+                       "print the reply as JSON (/usr/share/doc/pmirrord/control.md)");
+  auto* connect = app.add_subcommand(
+      "connect", "reconnect a replica that `disconnect` held; a resync brings it up to date");
+  connect->add_option("VOLUME", command_volume, "a volume open as primary on this node")
+      ->required();
+  connect->add_option("--peer", peer, "only this replica (default: every one)");
+  connect->add_flag("--json", command_json,
+                    "print the reply as JSON (/usr/share/doc/pmirrord/control.md)");
+
+  auto* down = app.add_subcommand(
+      "down",
+      "stop serving one volume on this node's pmirrord until `up` or its restart: its sessions "
+      "end, new ones are refused");
+  down->add_option("VOLUME", command_volume, "a volume pmirrord holds on this node")->required();
+  down->add_flag("--json", command_json,
+                 "print the reply as JSON (/usr/share/doc/pmirrord/control.md)");
+  auto* up = app.add_subcommand("up", "serve a volume that `down` stopped again");
+  up->add_option("VOLUME", command_volume, "a volume pmirrord holds on this node")->required();
+  up->add_flag("--json", command_json,
+               "print the reply as JSON (/usr/share/doc/pmirrord/control.md)");
+
   bool dry_run = false;
   auto* reload = app.add_subcommand(
       "reload", "make pmirrord read its cluster file again (exit code 2 if it refuses)");
@@ -820,6 +882,12 @@ int main(int argc, char** argv) {
                     command_json);
   }
   if (reload->parsed()) return run_reload(global, dry_run, command_json);
+  if (disconnect->parsed() || connect->parsed()) {
+    return run_connect(global, command_volume, peer, connect->parsed(), command_json);
+  }
+  if (down->parsed() || up->parsed()) {
+    return run_down(global, command_volume, down->parsed(), command_json);
+  }
   if (demote->parsed()) {
     return run_role(global, {{"command", "demote"}, {"volume", command_volume}}, command_json);
   }

@@ -231,6 +231,17 @@ int main(int argc, char** argv) {
           if (!reloaded.ok()) return reloaded.status();
           return pmirror::target::to_json(*reloaded);
         }
+        if (command == "down" || command == "up") {
+          auto volume = request.find("volume");
+          if (volume == request.end() || !volume->is_string() ||
+              volume->get<std::string>().empty()) {
+            return pmirror::Status(pmirror::Errc::kInvalidArgument,
+                                   command + " needs \"volume\": the volume's name");
+          }
+          auto switched = (*target)->set_down(volume->get<std::string>(), command == "down");
+          if (!switched.ok()) return switched.status();
+          return pmirror::target::to_json(*switched);
+        }
         if (command == "promote" || command == "demote") {
           auto volume = request.find("volume");
           if (volume == request.end() || !volume->is_string() ||

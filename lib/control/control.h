@@ -129,6 +129,10 @@ class LocalPrimaries {
     std::string lock_path;
     UniqueFd fd;
   };
+  const std::string dir_;
+  std::mutex mutex_;
+  std::map<std::string, Claim> claims_;  // by the application's socket path
+};
 
 // Handles one request (a JSON object with a string "command"; never
 // "events", which the Server handles). Calls are serialised by the Server
@@ -305,6 +309,17 @@ uint64_t verify_failures(const nlohmann::json& result);
 // The result of "promote" or "demote" in one line:
 //   "db1 promoted on node2: generation 9f3a2b1c4d5e6f70 (was 12ab34cd56ef7890)"
 std::string format_promote_human(const nlohmann::json& result);
+// ---- an operator's switches (operator.cpp; docs/pmirrorctl.md) -------
+
+// The result of "disconnect" or "connect" (a primary's libpmirror), a line
+// per replica:
+//   "db0: node3 disconnected by an operator; its writes are recorded dirty until
+//    `pmirrorctl connect db0 --peer node3`"
+std::string format_connect_human(const nlohmann::json& result);
+// The result of "down" or "up" (pmirrord) in one line:
+//   "db1: down by an operator on node2: its sessions ended (1), new ones are refused; ..."
+std::string format_down_human(const nlohmann::json& result);
+
 // Microseconds: 55.2 -> "55us", 1234 -> "1.2ms", 2500000 -> "2.5s".
 std::string format_latency_us(double microseconds);
 

@@ -144,11 +144,14 @@ std::string peer_line(const json& peer, const HumanFormat& format) {
   std::string state = str(peer, "state");
   std::string line = "  " + name;
   append_field(line, "connection", state.empty() ? "unknown" : state);
+  if (peer.is_object() && peer.value("by_operator", false)) line += " (by operator)";
   if (auto since = parse_rfc3339(str(peer, "since"))) {
     line += " since " + clock_time(*since, format);
     std::string how_long = ago(*since, format.now);
     if (!how_long.empty()) line += " " + how_long;
   }
+  // The replica's data as the primary knows it (absent from a replica's view).
+  append_field(line, "disk", str(peer, "disk"));
   append_field(line, "method", str(peer, "method"));
   if (auto v = number(peer, "acknowledged_sequence"))
     append_field(line, "acked", std::to_string(*v));
@@ -190,6 +193,7 @@ std::string volume_line(const json& volume, const json& process) {
   if (flag(copy, "promoted").value_or(false)) line += " PROMOTED";
   // A failed volume takes no writer until reopened: as loud.
   if (str(volume, "state") == "failed") line += " FAILED";
+  if (flag(volume, "down").value_or(false)) line += " down (by operator)";
   if (auto v = number(volume, "size")) append_field(line, "size", format_size(*v));
   append_field(line, "backing", str(volume, "backing"));
   // The copy's generation names its data; the volume's own field is the

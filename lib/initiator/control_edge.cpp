@@ -26,6 +26,8 @@ json to_json(const PeerStatus& s) {
   peer["address"] = s.address;
   peer["transport"] = s.transport;
   peer["state"] = supervisor::state_name(s.connection.state);
+  peer["disk"] = disk_state(s);
+  if (s.by_operator) peer["by_operator"] = true;
   peer["since"] = format_rfc3339(s.connection.since);
   peer["reason"] = s.connection.reason;
   peer["method"] = s.method;
@@ -138,6 +140,14 @@ Result<json> volume_command(const std::string& volume, const VolumeControls& con
     return json{
         {"volume", volume}, {"chunk_size", controls.chunk_size}, {"peers", std::move(peers)}};
   }
+  if (command == "disconnect" || command == "connect") {
+    PMIRROR_ASSIGN_OR_RETURN(auto switched, controls.set_connected(peer, command == "connect"));
+    json peers = json::array();
+    for (const auto& one : switched) {
+      peers.push_back({{"name", one.peer}, {"changed", one.changed}});
+    }
+    return json{{"volume", volume}, {"connected", command == "connect"}, {"peers", peers}};
+  }
   return control::unknown_command(request);
 }
 
@@ -207,7 +217,10 @@ class Registry {
   // Routes a command to the volume it names.
   Result<json> command(const json& request) {
     const std::string command = request.value("command", "");
-    if (command != "resync" && command != "verify") return control::unknown_command(request);
+    if (command != "resync" && command != "verify" && command != "disconnect" &&
+        command != "connect") {
+      return control::unknown_command(request);
+    }
     if (!request.contains("volume") || !request["volume"].is_string()) {
       return Status(Errc::kInvalidArgument, "'" + command + "' needs a \"volume\" string");
     }
@@ -261,6 +274,22 @@ class Registry {
 };
 
 }  // namespace
+
+std::string_view disk_state(const PeerStatus& peer) {
+  using supervisor::PeerState;
+  const PeerState state = peer.connection.state;
+  // Mixed data: a resync into it is under way or was cut short, or it
+  // never received the volume at all.
+  if (state == PeerState::kSyncing || peer.resync || peer.full_sync_pending || peer.never_seen) {
+    return "Inconsistent";
+  }
+  // Whole and consistent, but missing writes the primary recorded for it.
+  if (peer.dirty_chunks > 0 || state == PeerState::kLagging) return "Outdated";
+  if (state == PeerState::kConnected) return "UpToDate";
+  // Not connected and nothing recorded against it: it was up to date when
+  // last seen, but what it holds now cannot be seen from here.
+  return "Unknown";
+}
 
 StatusRegistration::~StatusRegistration() {
   if (id_ != 0) Registry::instance().remove(id_);

@@ -28,6 +28,8 @@ struct VolumeControls {
   std::function<Result<ResyncStarted>(const std::string& peer, bool full)> resync;
   std::function<Result<std::vector<VerifyPeerResult>>(const std::string& peer, bool mark_dirty)>
       verify;
+  std::function<Result<std::vector<PeerSwitched>>(const std::string& peer, bool connect)>
+      set_connected;
   uint64_t chunk_size = 0;  // for verify replies
 };
 

@@ -112,6 +112,42 @@ Result<ResyncStarted> OpenVolume::resync(const std::string& peer, bool full) {
   return resyncer.request(peer, full);
 }
 
+Result<std::vector<PeerSwitched>> OpenVolume::set_connected(const std::string& name, bool connect) {
+  std::lock_guard lock(core.mutex);
+  std::vector<Peer*> chosen;
+  if (name.empty()) {
+    for (const auto& peer : peers.all()) chosen.push_back(peer.get());
+  } else {
+    PMIRROR_ASSIGN_OR_RETURN(Peer * peer, peers.lookup(name));
+    chosen.push_back(peer);
+  }
+  std::vector<PeerSwitched> switched;
+  for (Peer* peer : chosen) {
+    switched.push_back({peer->label, peer->held_by_operator == connect});
+    if (peer->held_by_operator != connect) continue;
+    peer->held_by_operator = !connect;
+    if (connect) {
+      // The supervisor reconnects it at once; the session's start decides
+      // its resync from what was recorded dirty meanwhile.
+      peer->backoff.reset();
+      peer->next_attempt = Clock::now();
+      peer->state.transition(supervisor::PeerState::kDisconnected,
+                             "connect asked by an operator; reconnecting");
+      continue;
+    }
+    const std::string why = "disconnected by an operator (`pmirrorctl connect " +
+                            core.options.name + " --peer " + peer->label + "` reconnects it)";
+    if (peer->live()) {
+      peers.drop(*peer, Status(Errc::kClosed, why));
+    } else {
+      // Not connected: what is written from now on is recorded for it.
+      peers.ensure_tracked(*peer);
+      peer->state.transition(supervisor::PeerState::kDisconnected, why);
+    }
+  }
+  return switched;
+}
+
 void OpenVolume::close() {
   supervisor.stop();
   for (const auto& peer : peers.all()) {

@@ -61,6 +61,9 @@ struct OpenVolume {
   // Takes the volume mutex.
   VolumeStatus status();
   Result<ResyncStarted> resync(const std::string& peer, bool full);
+  // `pmirrorctl disconnect` (connect false) / `connect`: one replica, or
+  // every one when `peer` is empty. Takes the volume mutex.
+  Result<std::vector<PeerSwitched>> set_connected(const std::string& peer, bool connect);
   // Every persist started is made durable on `ack` replicas (or recorded
   // dirty), the sessions end, and the copy is clean. Stops the supervisor.
   void close();

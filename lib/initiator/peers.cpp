@@ -405,8 +405,11 @@ PeerStatus Peers::status(const Peer& peer) const {
   auto recorded = core_.meta->peers();
   if (peer.meta_index < recorded.size()) {
     s.behind_since_generation = recorded[peer.meta_index].bitmap_generation;
+    s.full_sync_pending = recorded[peer.meta_index].full_sync;
+    s.never_seen = recorded[peer.meta_index].peer_uuid == metadata::Uuid{};
   }
   s.generation = peer.remote_generation;
+  s.by_operator = peer.held_by_operator;
   s.latency_us = peer.latency.percentiles();
   if (peer.verifying) s.verify = VerifyProgress{peer.verify_done_bytes, core_.local->size()};
   return s;

@@ -63,6 +63,9 @@ struct Peer {
   Clock::time_point next_attempt{};
   Clock::time_point last_ping{};
   bool in_sync = false;  // counts towards the ack policy
+  // `pmirrorctl disconnect`: no session with it until `connect` (its
+  // writes are recorded dirty meanwhile, as for any absent replica).
+  bool held_by_operator = false;
   // Connected but behind: it could not take a persist without holding the
   // application back, so persists are recorded dirty for it instead of
   // posted, until it answers again and a resync brings it up to date.

@@ -345,6 +345,9 @@ Result<std::unique_ptr<Volume>> Volume::Impl::open(const VolumeOptions& options,
   controls.verify = [raw](const std::string& peer, bool mark_dirty) {
     return raw->verifier.verify(peer, mark_dirty);
   };
+  controls.set_connected = [raw](const std::string& peer, bool connect) {
+    return raw->set_connected(peer, connect);
+  };
   controls.chunk_size = core.chunk_size;
   impl->registration = register_volume(options.name, std::move(controls));
   return std::unique_ptr<Volume>(new Volume(std::move(impl)));

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "supervisor/supervisor.h"
@@ -52,7 +53,17 @@ struct PeerStatus {
   std::optional<ResyncProgress> resync;  // while one runs
   std::optional<VerifyProgress> verify;  // while a verify compares it
   supervisor::LatencyWindow::Percentiles latency_us;
+  // From the copy metadata: every chunk must be copied to it (a new or
+  // replaced replica), and whether a session with it ever opened.
+  bool full_sync_pending = false;
+  bool never_seen = false;
+  bool by_operator = false;  // disconnected by `pmirrorctl disconnect`
 };
+
+// The peer's disk state as the primary knows it, in DRBD's words
+// (docs/pmirrorctl.md, "Disk states"): "UpToDate", "Outdated",
+// "Inconsistent" or "Unknown".
+std::string_view disk_state(const PeerStatus& peer);
 
 // The failover lease this primary writes under (docs/failover.md, section 2).
 struct LeaseStatus {
@@ -77,6 +88,12 @@ struct VolumeStatus {
   supervisor::SystemTime opened_at{};
   std::optional<LeaseStatus> lease;  // none: the volume needs no lease
   std::vector<PeerStatus> peers;
+};
+
+// What `pmirrorctl disconnect` / `connect` did to one replica.
+struct PeerSwitched {
+  std::string peer;
+  bool changed = false;  // false: it was so already
 };
 
 // What `pmirrorctl resync` is told once a resync started.

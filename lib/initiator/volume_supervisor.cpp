@@ -50,6 +50,20 @@ Work VolumeSupervisor::supervise() {
 
 Work VolumeSupervisor::supervise(Peer& peer) {
   Work work = Work::kIdle;
+  if (peer.held_by_operator) {
+    // `pmirrorctl disconnect`: a connection attempt that was under way is
+    // closed as it completes; none is started until `connect`.
+    if (peer.connecting.valid() &&
+        peer.connecting.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+      auto late = peer.connecting.get();
+      if (late.ok()) {
+        (*late)->close();
+        core_.reaper.reap(std::move(late).value());
+      }
+    }
+    if (peer.live()) peers_.drop(peer, Status(Errc::kClosed, "disconnected by an operator"));
+    return work;
+  }
   if (peer.connecting.valid()) {
     if (peer.connecting.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
       return work;

@@ -520,6 +520,8 @@ Result<ReloadResult> Target::reload(const config::DaemonConfig& config, bool dry
     }
     if (!opened.ok()) return opened.status();
     next.push_back(std::move(opened).value());
+    // Reopened with new settings: still down if an operator said so.
+    if (existing) next.back()->down_by_operator = existing->down_by_operator.load();
   }
   for (auto& [volume, volume_config] : kept) {
     bool access_changed = false;
@@ -720,6 +722,38 @@ Result<DemoteResult> Target::demote(const std::string& volume_name) {
   return DemoteResult{.volume = volume_name, .node = node, .generation = info.generations.current};
 }
 
+Result<DownResult> Target::set_down(const std::string& volume_name, bool down) {
+  Impl& impl = *impl_;
+  const std::string& node = impl.config.node;
+  auto volume = impl.find(volume_name);
+  if (volume == nullptr) {
+    return Status(Errc::kNotFound, "no volume '" + volume_name + "' on node " + node);
+  }
+  DownResult result{.volume = volume_name, .node = node, .down = down};
+  result.changed = volume->down_by_operator.exchange(down) != down;
+  if (!down) {
+    if (result.changed) log::warn("volume {}: up again on node {}: served", volume_name, node);
+    return result;
+  }
+  // Set first: a session that claims the volume after the writer below
+  // let go sees it and is refused.
+  bool evicted = false;
+  WriterClaim claim;
+  Status ended = claim.claim_for_command(*volume, "pmirrorctl down on node " + node,
+                                         /*evict=*/true, down_text(volume_name, node), kEvictWait,
+                                         Errc::kClosed, &evicted);
+  if (!ended.ok()) {
+    if (result.changed) volume->down_by_operator = false;
+    return ended;
+  }
+  result.sessions_ended = evicted ? 1 : 0;
+  if (result.changed) {
+    log::warn("volume {}: down by an operator on node {}: {} session ended; new ones are refused",
+              volume_name, node, result.sessions_ended);
+  }
+  return result;
+}
+
 TargetStatus Target::status() const {
   TargetStatus out;
   out.node = impl_->config.node;
@@ -735,6 +769,7 @@ TargetStatus Target::status() const {
     s.backing = region::backing_name(v->region->backing());
     s.methods = v->methods;
     s.failure = v->region->failure().message();
+    s.down_by_operator = v->down_by_operator.load();
     std::deque<std::shared_ptr<SessionRecord>> sessions;
     {
       std::lock_guard lock(v->mutex);

@@ -94,6 +94,7 @@ struct VolumeStatus {
   // Empty, or why the volume failed (a write-back error, a fault on its
   // mapping): it then takes no writer until a reload or restart reopens it.
   std::string failure{};
+  bool down_by_operator = false;          // `pmirrorctl down`: serves no session until `up`
   std::vector<SessionStatus> sessions{};  // the newest first
   CopyStatus copy{};
   // The last promotion on this node: each other node's fence, and when
@@ -155,6 +156,15 @@ struct DemoteResult {
   uint64_t generation = 0;
 };
 
+// What `pmirrorctl down` / `up` did.
+struct DownResult {
+  std::string volume{};
+  std::string node{};
+  bool down = false;            // the volume's state now
+  bool changed = false;         // false: it was so already
+  uint32_t sessions_ended = 0;  // down: the writer's session ended (0 or 1)
+};
+
 class Target {
  public:
   // Maps every volume, opens (creating if needed) the state pool and binds
@@ -195,6 +205,12 @@ class Target {
   // `pmirrorctl demote VOLUME`: the copy is a replica again (sessions are
   // accepted). kBusy while a local process has the copy open as primary.
   Result<DemoteResult> demote(const std::string& volume);
+  // `pmirrorctl down VOLUME` (down) / `up VOLUME`: down ends the writer's
+  // session (told why) and refuses new ones (kBusy, saying it is down by an
+  // operator and how to bring it up) until up. The other volumes are not
+  // touched. Runtime state: a reload keeps it, a restart forgets it.
+  // kNotFound: no such volume here.
+  Result<DownResult> set_down(const std::string& volume, bool down);
 
   // Applies a new configuration without touching what did not change:
   // volumes only in the new one are mapped and served, volumes gone from it
@@ -223,6 +239,7 @@ class Target {
 nlohmann::json to_json(const TargetStatus& status);
 nlohmann::json to_json(const PromoteResult& result);
 nlohmann::json to_json(const DemoteResult& result);
+nlohmann::json to_json(const DownResult& result);
 nlohmann::json to_json(const ReloadResult& result);
 
 }  // namespace pmirror::target

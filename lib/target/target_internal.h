@@ -109,6 +109,9 @@ struct ServedVolume {
   // Set when a reload removed the volume: its session ends, and the region
   // is unmapped when the last session lets go of it.
   std::atomic<bool> removed{false};
+  // `pmirrorctl down`: its session was ended and new ones are refused until
+  // `pmirrorctl up` (runtime only: a reload keeps it, a restart forgets it).
+  std::atomic<bool> down_by_operator{false};
   // The newest sessions first, at most kKeptSessions; guarded by mutex.
   static constexpr size_t kKeptSessions = 4;
   std::deque<std::shared_ptr<SessionRecord>> sessions;
@@ -144,6 +147,9 @@ class WriterClaim {
   ServedVolume* volume_ = nullptr;
   bool command_ = false;
 };
+
+// Why a volume that `pmirrorctl down` stopped refuses a session.
+std::string down_text(const std::string& volume, const std::string& node);
 
 // Where a volume's copy metadata lives: its `metadata:` or the default beside it.
 std::string copy_metadata_path(const config::VolumeConfig& volume);

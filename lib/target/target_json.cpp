@@ -84,6 +84,7 @@ json volume_json(const VolumeStatus& v) {
   } else {
     volume["state"] = "ok";
   }
+  if (v.down_by_operator) volume["down"] = true;
   volume["generation"] = v.generation;
   volume["last_sequence"] = v.last_sequence;
   if (!v.fences.empty()) {
@@ -145,6 +146,14 @@ json to_json(const DemoteResult& result) {
           {"node", result.node},
           {"promoted", false},
           {"generation", hex16(result.generation)}};
+}
+
+json to_json(const DownResult& result) {
+  return {{"volume", result.volume},
+          {"node", result.node},
+          {"down", result.down},
+          {"changed", result.changed},
+          {"sessions_ended", result.sessions_ended}};
 }
 
 json to_json(const ReloadResult& result) {

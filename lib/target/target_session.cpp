@@ -229,6 +229,17 @@ class Session {
       refuse_opening(Errc::kBusy, "volume '" + name() + "' already has a writer: " + holder);
       return false;
     }
+    // Checked under the claim: `pmirrorctl down` sets it and then ends the
+    // claiming session, so no session slips in between.
+    if (volume_.down_by_operator.load()) {
+      std::string text = down_text(name(), context_.node);
+      log::info("{}: refused: {}", who(), text);
+      claim_.release();
+      // Busy: the primary goes on without this copy, as without any absent
+      // replica, and retries slowly.
+      refuse_opening(Errc::kBusy, text);
+      return false;
+    }
     if (Status opened = md_.open(context_.node); !opened.ok()) {
       if (opened.code() == Errc::kBusy) {
         log::warn("{}: volume {}: refused: {}", who(), name(), opened.message());
@@ -636,6 +647,12 @@ class Session {
 
 void serve_session(SessionContext& context, AdmittedPeer peer) {
   Session(context, std::move(peer)).run();
+}
+
+std::string down_text(const std::string& volume, const std::string& node) {
+  return "volume '" + volume + "' is down on node " + node +
+         " by an operator (pmirrorctl down); `pmirrorctl up " + volume + "` on " + node +
+         " serves it again";
 }
 
 }  // namespace pmirror::target

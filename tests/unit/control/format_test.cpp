@@ -204,6 +204,25 @@ TEST(ControlFormat, APrimaryWithNoReplicaSaysItMirrorsNothing) {
   EXPECT_EQ(out.find("(no peers)"), std::string::npos) << out;
 }
 
+TEST(ControlFormat, APeersDiskStateFollowsItsConnection) {
+  json initiator = json::parse(R"({
+    "process": {"kind": "initiator", "pid": 4242, "identity": "app1"},
+    "volumes": [
+      {"name": "db0", "role": "primary", "size": 4096, "generation": 1, "peers": [
+        {"name": "node2", "state": "connected", "disk": "UpToDate", "lag": 0},
+        {"name": "node3", "state": "disconnected", "disk": "Outdated", "dirty_bytes": 8192,
+         "dirty_chunks": 2, "reason": "connection refused"}]}
+    ]
+  })");
+  std::string out =
+      format_status_human(merge_status({initiator}), std::nullopt, at("2026-11-29T16:03:15Z"));
+  EXPECT_NE(out.find("  node2 connection:connected disk:UpToDate lag:0\n"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("  node3 connection:disconnected disk:Outdated reason: connection refused\n"),
+            std::string::npos)
+      << out;
+}
+
 TEST(ControlFormat, AFailedVolumeSaysWhy) {
   json daemon = json::parse(R"({
     "process": {"kind": "pmirrord", "pid": 99, "node": "node2"},

@@ -73,6 +73,35 @@ VolumeStatus sample_status() {
   return s;
 }
 
+TEST(ControlEdge, DiskStateIsWhatThePrimaryKnowsOfTheReplicasData) {
+  using supervisor::PeerState;
+  PeerStatus peer;
+  peer.connection.state = PeerState::kConnected;
+  EXPECT_EQ(disk_state(peer), "UpToDate") << "connected, nothing dirty";
+  peer.lag = 3;
+  EXPECT_EQ(disk_state(peer), "UpToDate") << "persists in flight are not missed writes";
+  peer.connection.state = PeerState::kLagging;
+  EXPECT_EQ(disk_state(peer), "Outdated") << "its writes are recorded dirty";
+  peer.connection.state = PeerState::kDisconnected;
+  EXPECT_EQ(disk_state(peer), "Unknown") << "away, nothing missed yet";
+  peer.dirty_chunks = 2;
+  EXPECT_EQ(disk_state(peer), "Outdated") << "away and missed writes";
+  peer.connection.state = PeerState::kConnected;
+  EXPECT_EQ(disk_state(peer), "Outdated") << "back, not resynced yet";
+  peer.connection.state = PeerState::kSyncing;
+  EXPECT_EQ(disk_state(peer), "Inconsistent") << "a resync into it is under way";
+  peer.connection.state = PeerState::kDisconnected;
+  peer.full_sync_pending = true;
+  EXPECT_EQ(disk_state(peer), "Inconsistent") << "every chunk is to be copied";
+  peer.full_sync_pending = false;
+  peer.never_seen = true;
+  EXPECT_EQ(disk_state(peer), "Inconsistent") << "never received the volume";
+
+  json v = json::parse(status_json(sample_status()));
+  EXPECT_EQ(v["peers"][0]["disk"], "UpToDate");
+  EXPECT_EQ(v["peers"][1]["disk"], "Inconsistent");
+}
+
 TEST(ControlEdge, StatusNamesTheLeaseFileAndWhatIsLeftOfIt) {
   VolumeStatus s = sample_status();
   s.lease = LeaseStatus{"/run/pmirror/db1.lease", 7250};
@@ -99,6 +128,7 @@ TEST(ControlEdge, StatusIsTheObjectOfTheControlDocs) {
                                             "address",
                                             "transport",
                                             "state",
+                                            "disk",
                                             "since",
                                             "reason",
                                             "method",
