@@ -15,7 +15,8 @@
  *   rc = pmirror_persist(volume, 4096, n);  // durable locally and on the replicas
  *   pmirror_close(&volume);
  *
- * Link with -lpmirror. docs/initiator.md describes the API and its errors.
+ * Link with -lpmirror. libpmirror(3) and /usr/share/doc/libpmirror-dev/initiator.md
+ * describe the API and its errors.
  *
  * Errors. Every function that can fail returns 0 on success or a negative
  * PMIRROR_E_* code (-PMIRROR_E_TIMEOUT, say); pmirror_strerror() names the
@@ -350,7 +351,7 @@ PMIRROR_EXPORT int pmirror_wait(pmirror_volume* volume, uint64_t sequence);
 /* Waits for every persist started so far. Errors: as pmirror_persist. */
 PMIRROR_EXPORT int pmirror_drain(pmirror_volume* volume);
 
-/* The volume's status as JSON (the object docs/control.md describes, role
+/* The volume's status as JSON (the object pmirror_status(3) describes, role
  * "primary": each replica's connection state, since when and why,
  * acknowledged sequence, lag, latency, resync progress). *json_ptr is
  * allocated: free it with pmirror_status_free. Errors:

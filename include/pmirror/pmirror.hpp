@@ -12,8 +12,9 @@
 //   std::memcpy((*volume)->data() + 4096, record, n);
 //   pmirror::Status s = (*volume)->persist(4096, n);  // durable locally and on `ack` replicas
 //
-// Link with -lpmirror. The C API (pmirror.h) offers the same; docs/initiator.md
-// describes both, with the error classes.
+// Link with -lpmirror. The C API (pmirror.h) offers the same; libpmirror(3) and
+// /usr/share/doc/libpmirror-dev/initiator.md describe both, with the error
+// classes.
 //
 // Each persist is written to every replica in parallel: one-sided Writes of
 // the range, then -- where the target guarantees APM -- an 8-byte Read on
@@ -101,7 +102,7 @@ struct VolumeOptions {
   // the application's persists run between steps.
   uint64_t resync_step = 1ull << 20;
 
-  // --- recovery (docs/replica-recovery.md) ---
+  // --- recovery (/usr/share/doc/pmirrord/replica-recovery.md) ---
   // The local copy's metadata pool (generations, dirty bitmaps, activity
   // log); empty: next to the local copy, <local_path>.pmirror (devdax:
   // /var/lib/pmirror/<name>.pmirror).
@@ -214,7 +215,7 @@ class PMIRROR_EXPORT Volume {
   // volume); kConnectionError / kTimeout when fewer than `ack` replicas
   // acknowledged it, naming each replica that did not and why; kFenced
   // once a target said another copy was promoted (then every later
-  // persist fails too: docs/failover.md).
+  // persist fails too: pmirror-promoter(8)).
   Status persist(uint64_t offset, uint64_t length);
   // memcpy into the mapping, then persist. Errors: as persist().
   Status write(uint64_t offset, const void* source, uint64_t length);
@@ -244,7 +245,7 @@ class PMIRROR_EXPORT Volume {
   Result<std::vector<VerifyPeerResult>> verify(const std::string& peer, bool mark_dirty);
 
   std::vector<ReplicaStatus> replicas() const;
-  // The status object of docs/control.md for this volume (role primary).
+  // The status object of pmirror_status(3) for this volume (role primary).
   std::string status_json() const;
 
   class Impl;  // libpmirror's own

@@ -35,7 +35,7 @@ enum class Errc : uint16_t {
   kResourceExhausted = 14,
   kSplitBrain = 15,          // two copies both moved on from a common generation
   kFailedPrecondition = 16,  // the object is not in a state that allows this
-  kFenced = 17,  // another copy was promoted: this primary may no longer write (docs/failover.md)
+  kFenced = 17,              // another copy was promoted: this primary may no longer write
   kLeaseLost = 18,  // the promoter's lease of the volume ran out: this primary must stop writing
 };
 

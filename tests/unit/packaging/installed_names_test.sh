@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# What the installed programs and libraries say (messages, --help) names
-# installed things: a man page or /usr/share/doc/..., never a path of the
-# source tree (docs/config.md, config/cluster.example.yaml) that does not
-# exist on an installed system.
-#   installed_names_test.sh PROGRAM_OR_LIBRARY...
+# What the installed programs and libraries say (messages, --help) and the
+# installed text (headers, units, the example cluster file) name installed
+# things: a man page or /usr/share/doc/..., never a path of the source tree
+# (docs/config.md, config/cluster.example.yaml) that does not exist on an
+# installed system.
+#   installed_names_test.sh PROGRAM_LIBRARY_TEXT_FILE_OR_FOLDER...
 set -euo pipefail
 # docs/X.md or config/X.yaml not inside a longer path (/usr/share/doc/...).
 source_path='(^|[^/A-Za-z0-9_.-])(docs|config)/[A-Za-z0-9_.-]+\.(md|yaml)'
@@ -14,6 +15,12 @@ problem() {
 }
 
 for file in "$@"; do
+  if [[ -d $file || ( -f $file && $(head -c 4 "$file") != $'\x7fELF' ) ]]; then
+    while IFS= read -r text; do
+      problem "installed text names a source path: $text"
+    done < <(grep -rEn "$source_path" "$file" || true)
+    continue
+  fi
   [[ -s $file ]] || { problem "$file: missing"; continue; }
   while IFS= read -r text; do
     problem "$(basename "$file") names a source path: $text"

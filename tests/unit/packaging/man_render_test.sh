@@ -2,7 +2,8 @@
 # The built man pages read as written once man(1) renders them: scdoc takes
 # a backslash as an escape even in literal blocks (write `\\n` for C's \n,
 # or the example prints "n") and `++` at the end of a line as a line break
-# (write `C\+\+`, or "C++" at a line's end becomes "C" and a break).
+# (write `C\+\+`, or "C++" at a line's end becomes "C" and a break); and
+# they name installed documents, never docs/*.md of the source tree.
 #   man_render_test.sh MAN_BUILD_DIR SOURCE_DIR
 set -euo pipefail
 man_dir=$1
@@ -37,6 +38,10 @@ for page in "${pages[@]}"; do
   while IFS= read -r line; do
     problem "$name: a line ends in a lone 'C' (C++ broken by scdoc's '++' line break?): $line"
   done < <(grep -E '(^|[^A-Za-z])C$' <<<"$text" || true)
+  # Installed pages name installed documents, not the source tree's.
+  while IFS= read -r line; do
+    problem "$name: names a source-tree path: ${line#"${line%%[! ]*}"}"
+  done < <(grep -E '(^|[^/A-Za-z0-9_.-])(docs|config)/[A-Za-z0-9_.-]+\.(md|yaml)' <<<"$text" || true)
   want=$(sed 's/\\+/+/g' "$source" | { grep -oF 'C++' || true; } | wc -l)
   got=$({ grep -oF 'C++' <<<"$text" || true; } | wc -l)
   ((got == want)) || problem "$name: the source says C++ $want times, the page $got"
