@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <fstream>
 #include <future>
 #include <map>
 #include <mutex>
@@ -355,6 +356,7 @@ int command_failed(const pmirror::Status& status) {
 struct Located {
   std::string path;
   int exit_code = kExitOk;
+  pid_t pid = 0;  // the process whose socket `path` is
 };
 
 Located find_primary(const Global& global, const std::string& volume) {
@@ -377,7 +379,7 @@ Located find_primary(const Global& global, const std::string& volume) {
       continue;
     }
     ++answered;
-    if (control::has_primary_volume(*status, volume)) return {socket.path, kExitOk};
+    if (control::has_primary_volume(*status, volume)) return {socket.path, kExitOk, socket.pid};
     for (const std::string& name : control::volume_names(control::merge_status({*status}))) {
       if (control::has_primary_volume(*status, name)) primaries.push_back(name);
     }
@@ -509,6 +511,17 @@ int run_resync(const Global& global, const std::string& volume, const std::strin
   return wait_for_resync(global, primary.path, volume, peer, before, as_json);
 }
 
+// Whether process `pid` runs under pmirror-run (its preload library is
+// mapped): false when its maps cannot be read (another user's process).
+bool runs_under_pmirror_run(pid_t pid) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find("libpmirror-preload") != std::string::npos) return true;
+  }
+  return false;
+}
+
 int run_verify(const Global& global, const std::string& volume, const std::string& peer,
                bool mark_dirty, bool as_json) {
   Located primary = find_primary(global, volume);
@@ -556,6 +569,18 @@ int run_verify(const Global& global, const std::string& volume, const std::strin
     print_json(*result);
   } else {
     std::fputs(control::format_verify_human(*result).c_str(), stdout);
+    // Under pmirror-run, differences are expected while the program has its
+    // pool open: the pool library writes bytes it never persists, which
+    // pmirror-run mirrors only when the program closes the pool.
+    if (control::verify_mismatches(*result) > 0 && runs_under_pmirror_run(primary.pid)) {
+      std::printf(
+          "note: %s is written by a program under pmirror-run (pid %d): while that program has "
+          "its pool open, chunks where its pool library keeps bytes it writes and never persists "
+          "may differ (libpmemobj: the chunk at 0x0, free chunks' footers); pmirror-run mirrors "
+          "them when the program closes its pool: a chunk listed after that differs for another "
+          "reason (pmirror-run(1))\n",
+          volume.c_str(), static_cast<int>(primary.pid));
+    }
   }
   if (control::verify_mismatches(*result) > 0) return kExitMismatch;
   if (control::verify_failures(*result) > 0) return kExitError;
