@@ -87,12 +87,14 @@ Status lookup_failure(const std::string& path, const std::string& named, int err
 }
 }  // namespace
 
-Status parent_directory(const std::string& path, const std::string& what, bool will_create) {
+Status parent_directory(const std::string& path, const std::string& what, bool will_create,
+                        bool default_made_by_open) {
   const std::string parent = parent_dir(path);
   struct stat st {};
   if (::stat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     // Checked before the open, which would make it (make_default_directory).
-    const bool made_by_open = will_create && errno == ENOENT && parent == kDefaultDirectory &&
+    const bool made_by_open = will_create && default_made_by_open && errno == ENOENT &&
+                              parent == kDefaultDirectory &&
                               ::access(parent_dir(parent).c_str(), W_OK | X_OK) == 0;
     if (made_by_open) return Status::Ok();
     return Status(Errc::kNotFound, "directory " + parent + " for " + what +
@@ -196,7 +198,9 @@ Status pool_path(const std::string& path, const std::string& what, bool will_cre
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     int err = errno;
-    if (err == ENOENT) return parent_directory(path, named, will_create);
+    if (err == ENOENT) {
+      return parent_directory(path, named, will_create, /*default_made_by_open=*/true);
+    }
     return lookup_failure(path, named, err);
   }
   if (S_ISDIR(st.st_mode)) {

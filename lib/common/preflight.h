@@ -38,9 +38,11 @@ void make_default_directory(const std::string& path);
 
 // The directory that is to hold the file at `path` (`what` names the file,
 // e.g. "state pool /var/lib/pmirror/pmirrord.state") exists and is a
-// directory; with `will_create`, this user may create a file in it (or,
-// for kDefaultDirectory, make the directory).
-Status parent_directory(const std::string& path, const std::string& what, bool will_create);
+// directory; with `will_create`, this user may create a file in it. With
+// `default_made_by_open` (a pool's open calls make_default_directory), a
+// missing kDefaultDirectory passes where this user may make it.
+Status parent_directory(const std::string& path, const std::string& what, bool will_create,
+                        bool default_made_by_open = false);
 
 // A volume's copy at `path` as an open finds it: missing (then its
 // directory must exist, and `create` must allow making it with a size), or
