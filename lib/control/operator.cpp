@@ -59,9 +59,9 @@ std::string format_down_human(const json& result) {
                              : ": was not down" + on + "; nothing changed");
   }
   std::string line = volume + (changed ? ": down by an operator" : ": was down already") + on;
-  if (result.is_object() && result.contains("sessions_ended") &&
-      result["sessions_ended"].is_number_unsigned()) {
-    line += ": " + std::to_string(result["sessions_ended"].get<uint64_t>()) + " session(s) ended";
+  if (changed && result.contains("sessions_ended") &&
+      result["sessions_ended"].is_number_integer()) {
+    line += ": " + std::to_string(result["sessions_ended"].get<int64_t>()) + " session(s) ended";
   }
   return line + "; new sessions are refused until `pmirrorctl up " + volume + "`";
 }

@@ -223,6 +223,51 @@ TEST(ControlFormat, APeersDiskStateFollowsItsConnection) {
       << out;
 }
 
+TEST(ControlFormat, AVolumeDownByAnOperatorSaysSo) {
+  json daemon = json::parse(R"({
+    "process": {"kind": "pmirrord", "pid": 99, "node": "node2"},
+    "volumes": [{"name": "db1", "role": "replica", "down": true, "peers": []},
+                {"name": "db2", "role": "replica", "peers": []}]
+  })");
+  EXPECT_EQ(format_status_human(merge_status({daemon}), std::nullopt, at("2026-11-29T16:03:15Z")),
+            "db1 role:replica down (by operator) (pmirrord node2)\n"
+            "  (no peers)\n"
+            "db2 role:replica (pmirrord node2)\n"
+            "  (no peers)\n");
+}
+
+TEST(ControlFormat, APeerDisconnectedByAnOperatorSaysSo) {
+  json initiator = json::parse(R"({
+    "process": {"kind": "initiator", "pid": 4242, "identity": "app1"},
+    "volumes": [{"name": "db0", "role": "primary", "peers": [
+      {"name": "node3", "state": "disconnected", "by_operator": true, "disk": "Outdated",
+       "reason": "disconnected by an operator"}]}]
+  })");
+  std::string out =
+      format_status_human(merge_status({initiator}), std::nullopt, at("2026-11-29T16:03:15Z"));
+  EXPECT_NE(out.find("  node3 connection:disconnected (by operator) disk:Outdated reason: "
+                     "disconnected by an operator\n"),
+            std::string::npos)
+      << out;
+}
+
+TEST(ControlFormat, DownAndConnectReplies) {
+  EXPECT_EQ(format_down_human(json{{"volume", "db1"},
+                                   {"node", "n2"},
+                                   {"down", true},
+                                   {"changed", false},
+                                   {"sessions_ended", 0}}),
+            "db1: was down already on n2; new sessions are refused until `pmirrorctl up db1`");
+  EXPECT_EQ(format_down_human(json{{"volume", "db1"}, {"down", false}, {"changed", false}}),
+            "db1: was not down; nothing changed");
+  EXPECT_EQ(format_connect_human(json{{"volume", "db0"},
+                                      {"connected", false},
+                                      {"peers", {{{"name", "n3"}, {"changed", false}}}}}),
+            "db0: n3 was disconnected by an operator already; its writes are recorded dirty "
+            "until `pmirrorctl connect db0 --peer n3`\n");
+  EXPECT_EQ(format_connect_human(json::object()), "");
+}
+
 TEST(ControlFormat, AFailedVolumeSaysWhy) {
   json daemon = json::parse(R"({
     "process": {"kind": "pmirrord", "pid": 99, "node": "node2"},

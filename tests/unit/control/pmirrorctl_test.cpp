@@ -707,6 +707,81 @@ TEST_F(PmirrorctlCommands, PromoteAndDemoteGoToPmirrord) {
   EXPECT_TRUE(primary.requests().empty());
 }
 
+TEST_F(PmirrorctlCommands, DisconnectAndConnectGoToThePrimary) {
+  Recorder daemon(testing::daemon_status(), [](const json&) -> Result<json> { return json(); });
+  Recorder primary(testing::initiator_status(), [](const json& request) -> Result<json> {
+    if (request.contains("peer") && request["peer"] != "node3") {
+      return Status(Errc::kNotFound,
+                    "volume 'db0' has no replica 'node9' (replicas: node2, node3)");
+    }
+    json peers = request.contains("peer") ? json::array({{{"name", "node3"}, {"changed", true}}})
+                                          : json::array({{{"name", "node2"}, {"changed", true}},
+                                                         {{"name", "node3"}, {"changed", false}}});
+    return json{{"volume", request["volume"]},
+                {"connected", request["command"] == "connect"},
+                {"peers", peers}};
+  });
+  serve(&daemon, &primary);
+  auto stopper = stop_at_exit();
+
+  CtlRun down = run("disconnect db0 --peer node3");
+  EXPECT_EQ(down.code, 0) << down.err;
+  EXPECT_EQ(down.out,
+            "db0: node3 disconnected by an operator; its writes are recorded dirty until "
+            "`pmirrorctl connect db0 --peer node3`\n");
+  CtlRun all = run("connect db0");
+  EXPECT_EQ(all.code, 0) << all.err;
+  EXPECT_EQ(all.out,
+            "db0: node2 reconnecting; a resync brings it up to date (follow it with `pmirrorctl "
+            "status db0`)\n"
+            "db0: node3 was not disconnected by an operator; nothing changed\n");
+  CtlRun missing = run("disconnect db0 --peer node9");
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_EQ(missing.err,
+            "pmirrorctl: volume 'db0' has no replica 'node9' (replicas: node2, node3)\n");
+  CtlRun elsewhere = run("disconnect db1 --peer node3");
+  EXPECT_EQ(elsewhere.code, 1) << "db1 is only a replica here";
+
+  auto requests = primary.requests();
+  ASSERT_EQ(requests.size(), 3u);
+  EXPECT_EQ(requests[0], json::parse(R"({"command":"disconnect","volume":"db0","peer":"node3"})"));
+  EXPECT_EQ(requests[1], json::parse(R"({"command":"connect","volume":"db0"})"));
+  EXPECT_TRUE(daemon.requests().empty());
+}
+
+TEST_F(PmirrorctlCommands, DownAndUpGoToPmirrord) {
+  Recorder daemon(testing::daemon_status(), [](const json& request) -> Result<json> {
+    if (request["volume"] != "db1") return Status(Errc::kNotFound, "no volume 'db9' on node node2");
+    bool down = request["command"] == "down";
+    return json{{"volume", "db1"},
+                {"node", "node2"},
+                {"down", down},
+                {"changed", true},
+                {"sessions_ended", down ? 1 : 0}};
+  });
+  Recorder primary(testing::initiator_status(), resync_reply);
+  serve(&daemon, &primary);
+  auto stopper = stop_at_exit();
+
+  CtlRun down = run("down db1");
+  EXPECT_EQ(down.code, 0) << down.err;
+  EXPECT_EQ(down.out,
+            "db1: down by an operator on node2: 1 session(s) ended; new sessions are refused "
+            "until `pmirrorctl up db1`\n");
+  CtlRun up = run("up db1");
+  EXPECT_EQ(up.code, 0) << up.err;
+  EXPECT_EQ(up.out, "db1: served again on node2; writers may connect\n");
+  CtlRun missing = run("down db9 --json");
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_EQ(missing.err, "pmirrorctl: no volume 'db9' on node node2\n");
+
+  auto requests = daemon.requests();
+  ASSERT_EQ(requests.size(), 3u);
+  EXPECT_EQ(requests[0], json::parse(R"({"command":"down","volume":"db1"})"));
+  EXPECT_EQ(requests[1], json::parse(R"({"command":"up","volume":"db1"})"));
+  EXPECT_TRUE(primary.requests().empty());
+}
+
 TEST_F(Pmirrorctl, PromoteWithoutPmirrordIsExitCode3) {
   CtlRun r = run("promote db1");
   EXPECT_EQ(r.code, 3);
@@ -722,6 +797,10 @@ TEST_F(Pmirrorctl, CommandUsageErrorsAreExitCode1) {
   EXPECT_EQ(run("verify db0 --full").code, 1);
   EXPECT_EQ(run("promote").code, 1);
   EXPECT_EQ(run("demote db1 --force").code, 1);
+  EXPECT_EQ(run("down").code, 1);              // VOLUME is required
+  EXPECT_EQ(run("up db1 --peer n1").code, 1);  // no --peer on pmirrord's switch
+  EXPECT_EQ(run("disconnect").code, 1);
+  EXPECT_EQ(run("connect db0 --full").code, 1);
   EXPECT_EQ(run("--timeout 0 verify db0").code, 1);
   CtlRun help = run("resync --help");
   EXPECT_EQ(help.code, 0);
