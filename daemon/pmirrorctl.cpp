@@ -827,8 +827,9 @@ int main(int argc, char** argv) {
   verify->add_flag("--json", command_json,
                    "print the reply as JSON (/usr/share/doc/pmirrord/control.md)");
 
-  auto* promote = app.add_subcommand(
-      "promote", "make this node's copy of a volume the primary one and fence the other copies against the old primary (asks pmirrord)");
+  auto* promote = app.add_subcommand("promote",
+                                     "make this node's copy of a volume the primary one and fence "
+                                     "the other copies against the old primary (asks pmirrord)");
   promote->add_option("VOLUME", command_volume, "a volume pmirrord holds on this node")->required();
   promote->add_flag("--force", force,
                     "even while the old primary is connected, or the copy is inconsistent");
