@@ -1363,6 +1363,12 @@ TEST(ClusterConfigTest, CheckClusterFileRefusesWhatTheStartRefuses) {
                      with_volume({{"path", copy}, {"replicas", "[n2]"}},
                                  extra + "daemon:\n  state_pool: " + state_pool + "\n"));
   };
+  // The one problem n2's check finds in `file` ("" and a failure if not one).
+  auto the_problem = [](const std::string& file) {
+    auto problems = check_cluster_file(file, "n2");
+    EXPECT_EQ(problems.size(), 1u) << ::testing::PrintToString(problems);
+    return problems.size() == 1 ? problems[0] : std::string();
+  };
   const std::string state = base + "/pmirrord.state";
   std::string file = cluster(base + "/v.img", state);
   EXPECT_EQ(check_cluster_file(file, "n2"), std::vector<std::string>{});
@@ -1386,54 +1392,49 @@ TEST(ClusterConfigTest, CheckClusterFileRefusesWhatTheStartRefuses) {
   // The state pool's directory is no directory (a file) ...
   dir.write("plain", "x");
   file = cluster(base + "/v.img", base + "/plain/pmirrord.state");
-  auto problems = check_cluster_file(file, "n2");
-  ASSERT_EQ(problems.size(), 1u) << ::testing::PrintToString(problems);
+  std::string problem = the_problem(file);
   EXPECT_NE(
-      problems[0].find(": daemon.state_pool: opening the state pool: cannot look up state "
-                       "pool " +
-                       base + "/plain/pmirrord.state: a component of the path is not a directory"),
+      problem.find(": daemon.state_pool: opening the state pool: cannot look up state "
+                   "pool " +
+                   base + "/plain/pmirrord.state: a component of the path is not a directory"),
       std::string::npos)
-      << problems[0];
-  EXPECT_EQ(problems[0].substr(problems[0].find("opening the state pool")),
+      << problem;
+  EXPECT_EQ(problem.substr(problem.find("opening the state pool")),
             check_state_pool_path(base + "/plain/pmirrord.state").message());
   // ... or not there at all.
   file = cluster(base + "/v.img", base + "/nostate/pmirrord.state");
-  problems = check_cluster_file(file, "n2");
-  ASSERT_EQ(problems.size(), 1u) << ::testing::PrintToString(problems);
-  EXPECT_NE(problems[0].find(": daemon.state_pool: opening the state pool: directory " + base +
-                             "/nostate for state pool " + base +
-                             "/nostate/pmirrord.state does not exist; create it (mkdir -p " + base +
-                             "/nostate)"),
+  problem = the_problem(file);
+  EXPECT_NE(problem.find(": daemon.state_pool: opening the state pool: directory " + base +
+                         "/nostate for state pool " + base +
+                         "/nostate/pmirrord.state does not exist; create it (mkdir -p " + base +
+                         "/nostate)"),
             std::string::npos)
-      << problems[0];
+      << problem;
 
   // The copy's metadata pool's directory is missing.
   file = cluster(base + "/v.img", state, base + "/nowhere/v.pmirror");
-  problems = check_cluster_file(file, "n2");
-  ASSERT_EQ(problems.size(), 1u) << ::testing::PrintToString(problems);
-  EXPECT_NE(problems[0].find("volumes[0].paths.n2: volume 'v' on node n2: directory " + base +
-                             "/nowhere for copy metadata " + base +
-                             "/nowhere/v.pmirror does not exist; create it (mkdir -p " + base +
-                             "/nowhere)"),
-            std::string::npos)
-      << problems[0];
+  problem = the_problem(file);
+  EXPECT_NE(
+      problem.find("volumes[0].paths.n2: volume 'v' on node n2: directory " + base +
+                   "/nowhere for copy metadata " + base +
+                   "/nowhere/v.pmirror does not exist; create it (mkdir -p " + base + "/nowhere)"),
+      std::string::npos)
+      << problem;
 
   // Something at the copy's path that is no volume: a directory, a FIFO.
   fs::create_directory(base + "/adir");
   file = cluster(base + "/adir", state);
-  problems = check_cluster_file(file, "n2");
-  ASSERT_EQ(problems.size(), 1u) << ::testing::PrintToString(problems);
-  EXPECT_NE(problems[0].find("volume 'v' (" + base + "/adir): the path is a directory"),
+  problem = the_problem(file);
+  EXPECT_NE(problem.find("volume 'v' (" + base + "/adir): the path is a directory"),
             std::string::npos)
-      << problems[0];
+      << problem;
   ASSERT_EQ(::mkfifo((base + "/fifo").c_str(), 0600), 0) << std::strerror(errno);
   file = cluster(base + "/fifo", state);
-  problems = check_cluster_file(file, "n2");
-  ASSERT_EQ(problems.size(), 1u) << ::testing::PrintToString(problems);
-  EXPECT_NE(problems[0].find("volume 'v' (" + base +
-                             "/fifo): the path is not a regular file or devdax device"),
+  problem = the_problem(file);
+  EXPECT_NE(problem.find("volume 'v' (" + base +
+                         "/fifo): the path is not a regular file or devdax device"),
             std::string::npos)
-      << problems[0];
+      << problem;
 }
 
 // ---------------------------------------------------- files shared on a host
