@@ -153,6 +153,9 @@ std::string peer_line(const json& peer, const HumanFormat& format) {
   // The replica's data as the primary knows it (absent from a replica's view).
   append_field(line, "disk", str(peer, "disk"));
   append_field(line, "method", str(peer, "method"));
+  // A replica's writer: named by identity, its connection's address here.
+  if (peer.is_object() && peer.contains("ended"))
+    append_field(line, "address", str(peer, "address"));
   if (auto v = number(peer, "acknowledged_sequence"))
     append_field(line, "acked", std::to_string(*v));
   if (auto v = number(peer, "lag")) append_field(line, "lag", std::to_string(*v));
@@ -179,6 +182,20 @@ const json& member(const json& object, const char* key) {
   return it == object.end() ? kNull : *it;
 }
 
+// "  app1 session ended 12:01:07 (3m ago) address:10.0.0.1:40412 persists:120 (closed: goodbye)"
+std::string ended_session_line(const json& peer, const HumanFormat& format) {
+  std::string line = "  " + str(peer, "name") + " session ended";
+  if (auto since = parse_rfc3339(str(peer, "since"))) {
+    line += " " + clock_time(*since, format);
+    if (std::string how_long = ago(*since, format.now); !how_long.empty()) line += " " + how_long;
+  }
+  append_field(line, "address", str(peer, "address"));
+  if (auto v = number(peer, "persists")) append_field(line, "persists", std::to_string(*v));
+  std::string why = str(peer, "state");
+  if (std::string reason = str(peer, "reason"); !reason.empty()) why += ": " + reason;
+  return line + " (" + why + ")";
+}
+
 std::optional<bool> flag(const json& object, const char* key) {
   const json& value = member(object, key);
   if (!value.is_boolean()) return std::nullopt;
@@ -196,11 +213,15 @@ std::string volume_line(const json& volume, const json& process) {
   if (flag(volume, "down").value_or(false)) line += " down (by operator)";
   if (auto v = number(volume, "size")) append_field(line, "size", format_size(*v));
   append_field(line, "backing", str(volume, "backing"));
-  // The copy's generation names its data; the volume's own field is the
-  // older state-pool counter.
+  // Two numbers, two names, as in the logs: `generation` names the data
+  // (the copy's, or a primary's: a random identifier, 16 hex digits);
+  // `session-generation` is a replica's state-pool counter of writer
+  // sessions (a number, in decimal).
+  const json& counter = member(volume, "generation");
   std::string generation = format_generation(member(copy, "generation"));
-  if (generation.empty()) generation = format_generation(member(volume, "generation"));
+  if (generation.empty() && counter.is_string()) generation = format_generation(counter);
   append_field(line, "generation", generation);
+  if (counter.is_number()) append_field(line, "session-generation", format_generation(counter));
   if (auto v = number(volume, "last_sequence")) append_field(line, "last-seq", std::to_string(*v));
   line += " (" + process_label(process) + ")";
   return line;
@@ -439,6 +460,10 @@ std::string format_status_human(const nlohmann::json& merged,
     if (std::string lease = failover_line(v, format); !lease.empty()) out += lease + "\n";
     if (v.contains("peers") && v["peers"].is_array() && !v["peers"].empty()) {
       for (const json& peer : v["peers"]) {
+        if (flag(peer, "ended").value_or(false)) {
+          out += ended_session_line(peer, format) + "\n";
+          continue;
+        }
         out += peer_line(peer, format) + "\n";
         out += peer_details(peer, v);
       }

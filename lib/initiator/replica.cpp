@@ -141,7 +141,7 @@ Status Replica::handshake(const Setup& setup) {
                            connection_->register_memory(flush_buffer_.data(), flush_buffer_.size(),
                                                         transport::kLocalOnly));
   last_heard_ = last_sent_ = Clock::now();
-  log::debug("replica {}: session open, method {}, generation {}, last sequence {}", label_,
+  log::debug("replica {}: session open, method {}, session generation {}, last sequence {}", label_,
              apm_ ? "apm" : "gpspm", generation_, remote_last_sequence_);
   return Status::Ok();
 }

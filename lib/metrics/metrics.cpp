@@ -370,7 +370,9 @@ class Converter {
     if (sessions) {
       for (size_t i = 0; i < peers->size(); ++i) {
         const json& p = (*peers)[i];
-        if (!p.is_object() || p.value("state", json()) == "closed") continue;
+        if (!p.is_object() || p.value("state", json()) == "closed" || p.value("ended", false)) {
+          continue;
+        }
         auto name = p.find("name");
         if (name == p.end() || !name->is_string()) continue;
         std::string identity = writer_identity(name->get<std::string>());

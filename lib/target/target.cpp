@@ -242,7 +242,7 @@ class Target::Impl {
     if (listener) {
       PMIRROR_RETURN_IF_ERROR(check_servable(*served));
     }
-    log::info("volume {}: {} ({} bytes, {}, pmem={}), generation {}, last sequence {}",
+    log::info("volume {}: {} ({} bytes, {}, pmem={}), session generation {}, last sequence {}",
               volume_config.name, volume_config.path, served->region->size(),
               region::backing_name(served->region->backing()), served->region->is_pmem(),
               recorded->generation, recorded->last_sequence);

@@ -56,9 +56,21 @@ json fences_json(const std::vector<FenceOutcome>& outcomes) {
   return fences;
 }
 
+// Whether a session in `state` still serves its writer.
+bool live(supervisor::PeerState state) {
+  using supervisor::PeerState;
+  return state == PeerState::kConnecting || state == PeerState::kHandshaking ||
+         state == PeerState::kSyncing || state == PeerState::kConnected ||
+         state == PeerState::kLagging;
+}
+
+// A writer by its identity, its address (a new port at every connection)
+// beside it. The few newest sessions that ended stay listed, "ended", with
+// `since` the time they ended.
 json session_json(const SessionStatus& session) {
-  return {{"name", session.peer},
+  return {{"name", session.peer.substr(0, session.peer.find('@'))},
           {"address", session.peer.substr(session.peer.find('@') + 1)},
+          {"ended", !live(session.state)},
           {"transport", session.transport},
           {"state", supervisor::state_name(session.state)},
           {"since", format_rfc3339(session.since)},

@@ -386,8 +386,8 @@ class Session {
     record_.acknowledged = book_.last_sequence;
     record_.state.transition(supervisor::PeerState::kConnected, "session open");
     log::info(
-        "{}: volume {}: session open (generation {}, last sequence {}, methods {:#x}; copy "
-        "generation {}{}{})",
+        "{}: volume {}: session open (session generation {}, last sequence {}, methods {:#x}; "
+        "copy generation {}{}{})",
         who(), name(), book_.generation, book_.last_sequence, volume_.methods,
         hex16(descriptor.data_generation),
         (descriptor.copy_flags & protocol::kCopyConsistent) != 0 ? "" : ", inconsistent",

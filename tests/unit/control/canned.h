@@ -55,9 +55,11 @@ inline const char* kHumanStatus =
     "persists:123456 p50:55us p99:130us p99.9:900us\n"
     "  node3 connection:disconnected since 16:03:10 (4s ago) errors:2 reason: nothing heard for "
     "5000 ms\n"
-    "db1 role:replica size:256MiB backing:devdax generation:3 last-seq:4567 (pmirrord node2)\n"
+    "db1 role:replica size:256MiB backing:devdax session-generation:3 last-seq:4567 (pmirrord "
+    "node2)\n"
     "  app1@10.0.0.1 connection:connected since 2026-11-28 09:00:00 (1d ago) persists:4567\n"
-    "db2 role:replica size:1.5GiB backing:plain-file generation:1 last-seq:0 (pmirrord node2)\n"
+    "db2 role:replica size:1.5GiB backing:plain-file session-generation:1 last-seq:0 (pmirrord "
+    "node2)\n"
     "  (no peers)\n";
 
 }  // namespace pmirror::control::testing

@@ -27,12 +27,35 @@ TEST(ControlFormat, StatusGolden) {
 
 TEST(ControlFormat, StatusFilteredByVolume) {
   json merged = merge_status({testing::initiator_status(), testing::daemon_status()});
-  EXPECT_EQ(format_status_human(merged, "db1", at("2026-11-29T16:03:15Z")),
-            "db1 role:replica size:256MiB backing:devdax generation:3 last-seq:4567 (pmirrord "
-            "node2)\n"
-            "  app1@10.0.0.1 connection:connected since 2026-11-28 09:00:00 (1d ago) "
-            "persists:4567\n");
+  EXPECT_EQ(
+      format_status_human(merged, "db1", at("2026-11-29T16:03:15Z")),
+      "db1 role:replica size:256MiB backing:devdax session-generation:3 last-seq:4567 (pmirrord "
+      "node2)\n"
+      "  app1@10.0.0.1 connection:connected since 2026-11-28 09:00:00 (1d ago) "
+      "persists:4567\n");
   EXPECT_EQ(format_status_human(merged, "nope", at("2026-11-29T16:03:15Z")), "");
+}
+
+// A replica lists its writers by identity, the address as a field, and
+// says of a session that ended that it did, and when.
+TEST(ControlFormat, AReplicasWritersByIdentityAndEndedSessionsSaySo) {
+  json live = {
+      {"name", "app1"},       {"address", "10.0.0.1:40412"},     {"ended", false},
+      {"state", "connected"}, {"since", "2026-11-29T16:01:00Z"}, {"acknowledged_sequence", 120},
+      {"persists", 120}};
+  json ended = {{"name", "app1"},    {"address", "10.0.0.1:39980"},     {"ended", true},
+                {"state", "closed"}, {"since", "2026-11-29T16:00:15Z"}, {"reason", "goodbye"},
+                {"persists", 80}};
+  json merged = merge_status(
+      {json{{"process", {{"kind", "pmirrord"}, {"node", "n2"}}},
+            {"volumes",
+             {{{"name", "db1"}, {"role", "replica"}, {"peers", json::array({live, ended})}}}}}});
+  EXPECT_EQ(format_status_human(merged, std::nullopt, at("2026-11-29T16:03:15Z")),
+            "db1 role:replica (pmirrord n2)\n"
+            "  app1 connection:connected since 16:01:00 (2m ago) address:10.0.0.1:40412 "
+            "acked:120 persists:120\n"
+            "  app1 session ended 16:00:15 (3m ago) address:10.0.0.1:39980 persists:80 (closed: "
+            "goodbye)\n");
 }
 
 TEST(ControlFormat, ProcessWithoutVolumesAndMissingFields) {
@@ -174,15 +197,15 @@ TEST(ControlFormat, StatusWithRecoveryFields) {
       "  node7 connection:disconnected since 16:03:10 (5s ago)\n"
       "    behind by 128.0 KiB (2 chunks)\n"
       "db1 role:replica PROMOTED size:256MiB backing:devdax generation:9f3a2b1c4d5e6f70 "
-      "last-seq:4567 (pmirrord node2)\n"
+      "session-generation:3 last-seq:4567 (pmirrord node2)\n"
       "  this copy: uuid:1b4e28ba-2fa1-11d2-883f-0016d3cca427 "
       "history:12ab34cd56ef7890,0000000000000007 consistent:yes clean:no promoted:yes "
       "fenced-by:node3 fence-generation:0123456789abcdef\n"
       "  (no peers)\n"
-      "db2 role:replica size:4KiB generation:1 (pmirrord node2)\n"
+      "db2 role:replica size:4KiB session-generation:1 (pmirrord node2)\n"
       "  this copy: in use by the primary on this node (libpmirror has it open)\n"
       "  (no peers)\n"
-      "db3 role:replica size:4KiB generation:1 (pmirrord node2)\n"
+      "db3 role:replica size:4KiB session-generation:1 (pmirrord node2)\n"
       "  this copy: error: cannot open /x.pmirror: No such file or directory\n"
       "  (no peers)\n");
 }
@@ -280,10 +303,10 @@ TEST(ControlFormat, AFailedVolumeSaysWhy) {
     ]
   })");
   EXPECT_EQ(format_status_human(merge_status({daemon}), std::nullopt, at("2026-11-29T16:03:15Z")),
-            "db1 role:replica FAILED size:4KiB generation:1 (pmirrord node2)\n"
+            "db1 role:replica FAILED size:4KiB session-generation:1 (pmirrord node2)\n"
             "  failed: volume 'db1' (/pmem/db1): msync of [0, +4096) failed: Input/output error\n"
             "  (no peers)\n"
-            "db2 role:replica size:4KiB generation:1 (pmirrord node2)\n"
+            "db2 role:replica size:4KiB session-generation:1 (pmirrord node2)\n"
             "  (no peers)\n");
 }
 
@@ -315,13 +338,13 @@ TEST(ControlFormat, LeaseHoldersFromThePromoter) {
   EXPECT_EQ(statuses[0]["volumes"][1]["failover"]["held_here"], true);
   EXPECT_EQ(statuses[0]["volumes"].size(), 3u) << "a volume this node does not serve is not added";
   EXPECT_EQ(format_status_human(merge_status(statuses), std::nullopt, at("2026-11-29T16:03:15Z")),
-            "db1 role:replica size:4KiB generation:1 (pmirrord node2)\n"
+            "db1 role:replica size:4KiB session-generation:1 (pmirrord node2)\n"
             "  lease: held by node node1 since 16:01:07\n"
             "  (no peers)\n"
-            "db2 role:replica size:4KiB generation:1 (pmirrord node2)\n"
+            "db2 role:replica size:4KiB session-generation:1 (pmirrord node2)\n"
             "  lease: held here (node node2) since 16:02:00\n"
             "  (no peers)\n"
-            "db3 role:replica size:4KiB generation:1 (pmirrord node2)\n"
+            "db3 role:replica size:4KiB session-generation:1 (pmirrord node2)\n"
             "  lease: nobody holds it; this node does not take over: the copy is inconsistent (a "
             "resync into it was interrupted)\n"
             "  (no peers)\n");

@@ -130,9 +130,10 @@ TEST_F(Pmirrorctl, StatusHuman) {
                        "  node2 connection:connected since "),
             std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("db1 role:replica size:256MiB backing:devdax generation:3 last-seq:4567 "
-                       "(pmirrord node2)\n  app1@10.0.0.1 connection:connected"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find("db1 role:replica size:256MiB backing:devdax session-generation:3 last-seq:4567 "
+                 "(pmirrord node2)\n  app1@10.0.0.1 connection:connected"),
+      std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("16:01:02 ("), std::string::npos);  // TZ=UTC; the date if not today
   EXPECT_NE(r.out.find("db2 role:replica size:1.5GiB"), std::string::npos);

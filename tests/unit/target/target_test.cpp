@@ -288,7 +288,10 @@ TEST_F(TargetTest, StrangersLeaveNoSessionRecord) {
   ASSERT_TRUE(client.ok()) << client.status().to_string();
   auto peers = volume_status()["peers"];
   ASSERT_EQ(peers.size(), 1u);
-  EXPECT_EQ(peers[0]["name"].get<std::string>().rfind("app@127.0.0.1:", 0), 0u) << peers.dump();
+  // By identity; the connection's address (an ephemeral port) beside it.
+  EXPECT_EQ(peers[0]["name"], "app") << peers.dump();
+  EXPECT_EQ(peers[0]["address"].get<std::string>().rfind("127.0.0.1:", 0), 0u) << peers.dump();
+  EXPECT_EQ(peers[0]["ended"], false) << peers.dump();
 }
 
 TEST_F(TargetTest, DescriptorCarriesTheCopysState) {
