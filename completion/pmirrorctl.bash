@@ -15,7 +15,7 @@ _pmirrorctl() {
   _pmirrorctl_command=${words[0]}
 
   local global_options='--socket --runtime-dir --timeout --help --version'
-  local commands='status events resync verify promote demote reload config'
+  local commands='status events resync verify promote demote reload config down up disconnect connect'
 
   # The subcommand: the first word that is neither an option nor the value
   # of a global option.
@@ -89,7 +89,8 @@ _pmirrorctl() {
     resync) options='--peer --full --wait --json --help' ;;
     verify) options='--peer --mark-dirty --json --help' ;;
     promote) options='--force --json --help' ;;
-    demote) options='--json --help' ;;
+    demote | down | up) options='--json --help' ;;
+    disconnect | connect) options='--peer --json --help' ;;
     reload) options='--dry-run --json --help' ;;
     config)
       if ((positional == 0)); then
@@ -108,7 +109,7 @@ _pmirrorctl() {
     return
   fi
   case $command in
-    status | resync | verify | promote | demote)
+    status | resync | verify | promote | demote | down | up | disconnect | connect)
       ((positional == 0)) && COMPREPLY=($(compgen -W "$(_pmirrorctl_names volumes)" -- "$cur"))
       ;;
   esac

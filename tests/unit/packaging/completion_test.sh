@@ -37,7 +37,7 @@ expect() {
     failures=$((failures + 1))
   fi
 }
-expect "pmirrorctl " "config demote events promote reload resync status verify"
+expect "pmirrorctl " "config connect demote disconnect down events promote reload resync status up verify"
 expect "pmirrorctl st" "status"
 expect "pmirrorctl --timeout 100 ve" "verify"
 expect "pmirrorctl --" "--help --runtime-dir --socket --timeout --version"
@@ -48,6 +48,10 @@ expect "pmirrorctl resync db0 --peer " "node1 node2 node3"
 expect "pmirrorctl resync db0 --" "--full --help --json --peer --wait"
 expect "pmirrorctl verify db0 --" "--help --json --mark-dirty --peer"
 expect "pmirrorctl promote d" "db0"
+expect "pmirrorctl down " "db0 log0"
+expect "pmirrorctl up --" "--help --json"
+expect "pmirrorctl disconnect db0 --peer " "node1 node2 node3"
+expect "pmirrorctl connect db0 --" "--help --json --peer"
 expect "pmirrorctl events --" "--count --help --json --now"
 expect "pmirrorctl reload --" "--dry-run --help --json"
 expect "pmirrorctl config " "check"
