@@ -40,7 +40,7 @@ header_version=$(awk '/^#define PMIRROR_VERSION_(MAJOR|MINOR|PATCH) / { v = v (v
   fail "debian/changelog says $version, include/pmirror/version.h $header_version: add a changelog entry (dch -v $header_version-1)"
 
 # ---- 1. build -------------------------------------------------------------
-step "dpkg-buildpackage -us -uc -b ($version) in $out"
+step "dpkg-buildpackage -us -uc -b --post-clean ($version) in $out"
 rm -rf "$out"
 source_copy=$out/pmirror-$upstream
 mkdir -p "$source_copy"
