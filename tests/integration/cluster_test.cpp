@@ -247,7 +247,7 @@ TEST_F(ClusterTest, StatusFollowsAReplicaStoppedAndRestartedAndResyncsIt) {
   json s = status(1);
   EXPECT_EQ(peer_state(s, "initiator", "v1", "node1"), "connected") << s.dump(2);
   EXPECT_EQ(peer_state(s, "initiator", "v1", "node2"), "connected") << s.dump(2);
-  EXPECT_EQ(peer_state(s, "pmirrord", "v1", "app@"), "connected") << s.dump(2);
+  EXPECT_EQ(peer_state(s, "pmirrord", "v1", "app"), "connected") << s.dump(2);
 
   // Events stream from the initiator's control socket.
   std::vector<json> events;
