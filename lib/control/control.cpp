@@ -267,7 +267,14 @@ bool LocalPrimaries::owns(const InitiatorSocket& socket) {
   // one process at a time, released when that process exits.
   std::string path = dir_ + "/initiator-" + std::to_string(socket.pid) + ".metrics-owner";
   UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
-  if (fd.get() < 0 || ::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) return false;
+  if (fd.get() < 0) {
+    // No claim can be made here (a read-only directory): export the
+    // application rather than lose it (two such pmirrords both would).
+    log::debug("metrics: cannot create {}: {}; exporting pid {} unclaimed", path,
+               std::strerror(errno), socket.pid);
+    return true;
+  }
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) return false;  // another pmirrord has it
   claims_.emplace(socket.path, Claim{path, std::move(fd)});
   return true;
 }
