@@ -95,15 +95,23 @@ release_volume() {
 }
 verify() { "$pmirrorctl" --runtime-dir "$work" verify v "$@" 2>&1; }
 
+# An endless stream of transactions under pmirror-run, in the background
+# (its pid in `program`), once 20 more are logged. $1, $2: stdout, stderr.
+program=
+stream_under_pmirror_run() {
+  "$run" --config "$work/cluster.yaml" --volume v --node app -- \
+    "$counters" run "$pool_dir/pool" "$work/log" 1000000 >"$1" 2>"$2" &
+  program=$!
+  local before
+  before=$(grep -c . "$work/log")
+  for _ in $(seq 300); do
+    (($(grep -c . "$work/log") > before + 20)) && break
+    sleep 0.02
+  done
+}
+
 echo "== while the program has its pool open: what verify lists, it says why"
-"$run" --config "$work/cluster.yaml" --volume v --node app -- \
-  "$counters" run "$pool_dir/pool" "$work/log" 1000000 >"$work/open.out" 2>&1 &
-program=$!
-before=$(grep -c . "$work/log")
-for _ in $(seq 300); do
-  (($(grep -c . "$work/log") > before + 20)) && break
-  sleep 0.02
-done
+stream_under_pmirror_run "$work/open.out" "$work/open.err"
 out=$(verify)
 rc=$?
 kill -9 "$program"
@@ -178,14 +186,7 @@ rc=$?
 
 echo "== the replica dies mid-stream (on_insufficient: fail): the program stops, nothing it saw durable is lost"
 pmdk_start_daemon "$pmirrord" "$work" || exit 1
-"$run" --config "$work/cluster.yaml" --volume v --node app -- \
-  "$counters" run "$pool_dir/pool" "$work/log" 1000000 >"$work/run3.out" 2>"$work/run3.err" &
-program=$!
-before=$(grep -c . "$work/log")
-for _ in $(seq 300); do
-  (($(grep -c . "$work/log") > before + 20)) && break
-  sleep 0.02
-done
+stream_under_pmirror_run "$work/run3.out" "$work/run3.err"
 kill -9 "$daemon_pid"; wait "$daemon_pid" 2>/dev/null; daemon_pid=
 wait "$program"
 rc=$?
