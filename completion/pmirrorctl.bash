@@ -1,7 +1,7 @@
 # bash completion for pmirrorctl(8): subcommands and options as
 # daemon/pmirrorctl.cpp defines them; volume and node names from the cluster
 # file ($PMIRROR_CLUSTER_FILE, else /etc/pmirror/cluster.yaml; for `config
-# check FILE --node`, that FILE), which `pmirrorctl __complete` reads.
+# check|show FILE --node`, that FILE), which `pmirrorctl __complete` reads.
 # Installed as share/bash-completion/completions/pmirrorctl.
 
 _pmirrorctl_names() {  # volumes|nodes [FILE]
@@ -46,7 +46,7 @@ _pmirrorctl() {
       ;;
     --peer | --node | --volume)
       local file=
-      if [[ $command == config && ${words[command_at + 1]} == check ]]; then
+      if [[ $command == config && ${words[command_at + 1]} == @(check|show) ]]; then
         for ((i = command_at + 2; i < cword; i++)); do
           [[ ${words[i]} != -* && ${words[i - 1]} != --node && ${words[i - 1]} != --volume &&
             ${words[i - 1]} != --engine ]] && file=${words[i]} && break
@@ -94,9 +94,10 @@ _pmirrorctl() {
     reload) options='--dry-run --json --help' ;;
     config)
       if ((positional == 0)); then
-        [[ $cur == -* ]] && options='--help' || COMPREPLY=($(compgen -W 'check' -- "$cur"))
-      elif [[ ${words[command_at + 1]} == check ]]; then
-        options='--node --volume --engine --help'
+        [[ $cur == -* ]] && options='--help' || COMPREPLY=($(compgen -W 'check show' -- "$cur"))
+      elif [[ ${words[command_at + 1]} == @(check|show) ]]; then
+        options='--node --volume --help'
+        [[ ${words[command_at + 1]} == check ]] && options+=' --engine'
         if [[ $cur != -* ]] && ((positional == 1)); then
           _filedir '@(yaml|yml)'
           return

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
@@ -741,6 +742,179 @@ int run_config_check(const std::string& file, const std::string& node, const std
   return kExitConfig;
 }
 
+// ---- config show: the effective configuration, defaults applied ------
+
+// A YAML scalar: plain when safe, else double-quoted (JSON's quoting is YAML's).
+std::string yaml_scalar(const std::string& text) {
+  bool plain = !text.empty() && text.find_first_of("-?:,[]{}#&*!|>'\"%@` ") != 0;
+  for (char c : text) {
+    plain = plain && (std::isalnum(static_cast<unsigned char>(c)) != 0 ||
+                      std::string_view("._/@:+-").find(c) != std::string_view::npos);
+  }
+  if (plain && text.find(": ") == std::string::npos) return text;
+  return json(text).dump();
+}
+
+std::string yaml_list(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (const auto& item : items) out += (out.size() > 1 ? ", " : "") + yaml_scalar(item);
+  return out + "]";
+}
+
+std::string milliseconds(std::chrono::milliseconds value) {
+  return std::to_string(value.count()) + "ms";
+}
+
+// Bytes as a number, with the amount in words beside it.
+std::string bytes_value(uint64_t bytes) {
+  return std::to_string(bytes) + "  # " + control::format_amount(bytes);
+}
+
+// The settings a node's pmirrord runs with (its overrides of `daemon:` applied).
+void print_node_settings(std::string& out, const pmirror::config::NodeConfig& node,
+                         const char* indent) {
+  const pmirror::config::DaemonSettings& d = node.daemon;
+  auto line = [&](const std::string& key, const std::string& value) {
+    out += std::string(indent) + key + ": " + value + "\n";
+  };
+  line("address", yaml_scalar(node.address));
+  line("port", std::to_string(node.port));
+  line("transport", std::string(pmirror::transport::kind_name(node.transport)));
+  line("listen", yaml_scalar(node.listen.empty() ? node.address : node.listen));
+  line("control_socket", yaml_scalar(d.control_socket));
+  line("state_pool", yaml_scalar(d.state_pool));
+  line("log_level", yaml_scalar(d.log_level));
+  line("metrics", d.metrics ? yaml_scalar(d.metrics->to_string()) : "none  # no endpoint");
+  line("lease_dir", yaml_scalar(d.lease_dir));
+  line("heartbeat_interval", milliseconds(d.heartbeat_interval));
+  line("heartbeat_timeout", milliseconds(d.heartbeat_timeout));
+  line("reconnect_initial", milliseconds(d.reconnect_initial));
+  line("reconnect_max", milliseconds(d.reconnect_max));
+  line("handshake_timeout", milliseconds(d.handshake_timeout));
+  line("max_unauthenticated", std::to_string(d.max_unauthenticated));
+  line("max_unauthenticated_per_source", std::to_string(d.max_unauthenticated_per_source));
+}
+
+// One volume as its nodes run it; `node` empty: every node's path.
+void print_volume_settings(std::string& out, const pmirror::config::ClusterVolume& v,
+                           const std::string& node) {
+  using pmirror::config::ApmPolicy;
+  using pmirror::config::InsufficientPolicy;
+  using pmirror::config::SplitBrainPolicy;
+  auto line = [&](const std::string& key, const std::string& value) {
+    out += "    " + key + ": " + value + "\n";
+  };
+  out += "  - name: " + yaml_scalar(v.name) + "\n";
+  line("size", bytes_value(v.size));
+  line("primary", yaml_scalar(v.primary));
+  line("replicas", yaml_list(v.replicas));
+  const uint32_t ack = v.ack == 0 ? static_cast<uint32_t>(v.replicas.size()) : v.ack;
+  line("ack", std::to_string(ack));
+  line("on_insufficient", v.on_insufficient == InsufficientPolicy::kBlock ? "block" : "fail");
+  auto per_node = [&](const char* key, const std::map<std::string, std::string>& values) {
+    if (!node.empty()) {
+      auto it = values.find(node);
+      if (it != values.end()) line(key, yaml_scalar(it->second));
+      return;
+    }
+    out += std::string("    ") + key + ":\n";
+    for (const auto& [name, value] : values) {
+      out += "      " + yaml_scalar(name) + ": " + yaml_scalar(value) + "\n";
+    }
+  };
+  per_node("path", v.paths);
+  per_node("metadata", v.metadata_paths);
+  line("create", v.create ? "true" : "false");
+  line("allowed_peers", yaml_list(v.allowed_peers));
+  // Never the secret itself: where it comes from.
+  line("secret", v.secret_file.empty() ? "\"<given inline in the file; not shown>\""
+                                       : json("<secret from " + v.secret_file + ">").dump());
+  line("apm", v.apm == ApmPolicy::kOn ? "on" : v.apm == ApmPolicy::kOff ? "off" : "auto");
+  line("poll", std::string(pmirror::transport::poll_mode_name(v.poll)));
+  line("chunk", bytes_value(v.chunk));
+  line("resync_rate", v.resync_rate == 0 ? "unlimited"
+                                         : std::to_string(v.resync_rate) + "  # " +
+                                               control::format_amount(v.resync_rate) + "/s");
+  line("after_split_brain",
+       v.after_split_brain == SplitBrainPolicy::kOverwriteReplica ? "overwrite_replica" : "refuse");
+  if (!v.failover.hook_unit.empty())
+    line("failover", "{hook_unit: " + yaml_scalar(v.failover.hook_unit) + "}");
+  if (!v.failover.start_command.empty()) {
+    line("failover", "{start_command: " + json(v.failover.start_command).dump() +
+                         ", stop_command: " + json(v.failover.stop_command).dump() + "}");
+  }
+}
+
+int run_config_show(const std::string& file, const std::string& node_asked,
+                    const std::string& volume) {
+  auto cluster = pmirror::config::load_cluster_config(file);
+  if (!cluster.ok()) {
+    std::fprintf(stderr, "%s\n", cluster.status().message().c_str());
+    return kExitConfig;
+  }
+  // As pmirrord picks its node: --node, else the host name; neither: the
+  // whole cluster, every node.
+  std::string node;
+  if (!node_asked.empty()) {
+    auto resolved = pmirror::config::resolve_node(*cluster, node_asked);
+    if (!resolved.ok()) {
+      note(resolved.status().message());
+      return kExitUsage;
+    }
+    node = *resolved;
+  } else if (auto here = pmirror::config::resolve_node(*cluster, {}); here.ok()) {
+    node = *here;
+  }
+  if (!volume.empty() && cluster->find_volume(volume) == nullptr) {
+    std::string known;
+    for (const auto& v : cluster->volumes) known += (known.empty() ? "" : ", ") + v.name;
+    note("no volume '" + volume + "' in " + file +
+         "; volumes: " + (known.empty() ? "none" : known));
+    return kExitUsage;
+  }
+  std::string out = "# " + file + ": the configuration " +
+                    (node.empty() ? std::string("of every node") : "node " + node + " runs with") +
+                    ", defaults applied (pmirror-cluster.yaml(5))\n";
+  if (!cluster->name.empty()) out += "cluster: {name: " + yaml_scalar(cluster->name) + "}\n";
+  if (volume.empty()) {
+    if (!node.empty()) {
+      out += "node:\n  name: " + yaml_scalar(node) + "\n";
+      print_node_settings(out, *cluster->find_node(node), "  ");
+    } else {
+      out += "nodes:\n";
+      for (const auto& n : cluster->nodes) {
+        out += "  - name: " + yaml_scalar(n.name) + "\n";
+        print_node_settings(out, n, "    ");
+      }
+    }
+    const auto& f = cluster->failover;
+    out += "failover:\n  engine: ";
+    out += f.engine == pmirror::config::FailoverEngine::kEtcd        ? "etcd\n"
+           : f.engine == pmirror::config::FailoverEngine::kPacemaker ? "pacemaker\n"
+                                                                     : "none\n";
+    if (f.engine == pmirror::config::FailoverEngine::kEtcd) {
+      out += "  etcd:\n    endpoints: " + yaml_list(f.etcd.endpoints) + "\n";
+      out += "    prefix: " + yaml_scalar(f.etcd.prefix) + "\n";
+      out += "    ttl: " + milliseconds(f.etcd.ttl) + "\n";
+      out += "    renew: " + milliseconds(f.etcd.renew) + "\n";
+      out += "    timeout: " + milliseconds(f.etcd.timeout) + "\n";
+      out += "    margin: " + milliseconds(f.etcd.margin) + "\n";
+    }
+  }
+  out += "volumes:\n";
+  size_t shown = 0;
+  for (const auto& v : cluster->volumes) {
+    if (!volume.empty() && v.name != volume) continue;
+    if (!node.empty() && v.paths.count(node) == 0) continue;  // no copy on this node
+    print_volume_settings(out, v, node);
+    ++shown;
+  }
+  if (shown == 0)
+    out += "  []  # none" + (node.empty() ? "" : " with a copy on node " + node) + "\n";
+  std::fputs(out.c_str(), stdout);
+  return kExitOk;
+}
+
 // For bash completion (completion/pmirrorctl.bash): the volume or node
 // names of a cluster file, one per line. Quiet on a file it cannot load, so
 // that a broken file never spills onto the command line being typed.
@@ -803,6 +977,15 @@ int main(int argc, char** argv) {
                     "also require this volume in the file (and, with --node, a copy of it there)");
   check->add_option("--engine", check_engine, "also require failover.engine to be this one")
       ->check(CLI::IsMember({"none", "etcd", "pacemaker"}));
+
+  std::string show_file = pmirror::kDefaultClusterFile, show_node, show_volume;
+  auto* show = config->add_subcommand(
+      "show", "print the configuration a node runs with, defaults applied (no secret)");
+  show->add_option("FILE", show_file, "the cluster file")->capture_default_str();
+  show->add_option("--node", show_node,
+                   "as this node runs it (default: the one matching the host name, else every "
+                   "node)");
+  show->add_option("--volume", show_volume, "only this volume");
 
   std::string command_volume, peer;
   bool full = false, mark_dirty = false, force = false, command_json = false;
@@ -901,6 +1084,7 @@ int main(int argc, char** argv) {
     return EventStream(global, events_json, count).run();
   }
   if (check->parsed()) return run_config_check(config_file, node, check_volume, check_engine);
+  if (show->parsed()) return run_config_show(show_file, show_node, show_volume);
   if (resync->parsed()) return run_resync(global, command_volume, peer, full, wait, command_json);
   if (verify->parsed()) return run_verify(global, command_volume, peer, mark_dirty, command_json);
   if (promote->parsed()) {

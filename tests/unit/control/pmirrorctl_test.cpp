@@ -418,6 +418,80 @@ TEST_F(Pmirrorctl, ConfigCheckOfABadFileIsExitCode2) {
   EXPECT_EQ(missing.code, 2);
 }
 
+// The configuration as pmirrord and libpmirror run it: keys the file leaves
+// out show their defaults, a node's overrides apply, secrets never show.
+TEST_F(Pmirrorctl, ConfigShowPrintsTheDefaultsAppliedAndNoSecret) {
+  const std::string file = dir_ + "/cluster.yaml";
+  std::ofstream(dir_ + "/w.secret") << "a secret from a file, long enough\n";
+  std::ofstream(file) << "nodes:\n"
+                         "  - {name: a, address: 10.0.0.1}\n"
+                         "  - {name: b, address: 10.0.0.2, port: 7460, state_pool: /srv/b.state}\n"
+                         "daemon: {heartbeat_timeout: 3s}\n"
+                         "volumes:\n"
+                         "  - name: v\n"
+                         "    size: 1MiB\n"
+                         "    primary: a\n"
+                         "    replicas: [b]\n"
+                         "    paths: {a: /srv/a.img, b: /srv/b.img}\n"
+                         "    allowed_peers: [app]\n"
+                         "    secret: \"the inline secret, never printed\"\n"
+                         "  - name: w\n"
+                         "    size: 1MiB\n"
+                         "    primary: b\n"
+                         "    replicas: [a]\n"
+                         "    paths: {a: /srv/wa.img, b: /srv/wb.img}\n"
+                         "    allowed_peers: [app]\n"
+                         "    secret_file: " +
+                             dir_ +
+                             "/w.secret\n"
+                             "    resync_rate: 16MiB/s\n";
+  CtlRun b = run("config show " + file + " --node b");
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_NE(b.out.find("node:\n  name: b\n  address: 10.0.0.2\n  port: 7460\n  transport: tcp\n"
+                       "  listen: 10.0.0.2\n  control_socket: /run/pmirror/pmirrord.sock\n"
+                       "  state_pool: /srv/b.state\n"),
+            std::string::npos)
+      << b.out;
+  EXPECT_NE(b.out.find("  heartbeat_interval: 1000ms\n  heartbeat_timeout: 3000ms\n"),
+            std::string::npos)
+      << b.out;
+  EXPECT_NE(b.out.find("  - name: v\n    size: 1048576  # 1.0 MiB\n    primary: a\n"
+                       "    replicas: [b]\n    ack: 1\n"
+                       "    on_insufficient: fail\n    path: /srv/b.img\n"
+                       "    metadata: /srv/b.img.pmirror\n    create: false\n"),
+            std::string::npos)
+      << b.out;
+  EXPECT_NE(b.out.find("    chunk: 65536  # 64.0 KiB\n    resync_rate: 104857600  # 100.0 MiB/s\n"
+                       "    after_split_brain: refuse\n"),
+            std::string::npos)
+      << b.out;
+  EXPECT_NE(b.out.find("    secret: \"<given inline in the file; not shown>\"\n"),
+            std::string::npos)
+      << b.out;
+  EXPECT_NE(b.out.find("    secret: \"<secret from " + dir_ + "/w.secret>\"\n"), std::string::npos)
+      << b.out;
+  EXPECT_NE(b.out.find("    resync_rate: 16777216  # 16.0 MiB/s\n"), std::string::npos) << b.out;
+  EXPECT_EQ(b.out.find("the inline secret"), std::string::npos) << b.out;
+  EXPECT_EQ(b.out.find("a secret from a file"), std::string::npos) << b.out;
+
+  // Every node, one volume.
+  CtlRun w = run("config show " + file + " --volume w");
+  ASSERT_EQ(w.code, 0) << w.err;
+  EXPECT_NE(w.out.find("    path:\n      a: /srv/wa.img\n      b: /srv/wb.img\n"),
+            std::string::npos)
+      << w.out;
+  EXPECT_EQ(w.out.find("name: v\n"), std::string::npos) << w.out;
+
+  CtlRun unknown = run("config show " + file + " --volume nope");
+  EXPECT_EQ(unknown.code, 1);
+  EXPECT_EQ(unknown.err, "pmirrorctl: no volume 'nope' in " + file + "; volumes: v, w\n");
+  EXPECT_EQ(run("config show " + file + " --node c").code, 1);
+  std::ofstream(dir_ + "/bad.yaml") << "nodes: [\n";
+  CtlRun bad = run("config show " + dir_ + "/bad.yaml");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find(dir_ + "/bad.yaml"), std::string::npos) << bad.err;
+}
+
 // ---- resync / verify / promote / demote ------------------------------
 
 json resync_reply(const json& request) {
