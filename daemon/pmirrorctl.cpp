@@ -600,8 +600,9 @@ int daemon_unreachable(const Global& global) {
   return kExitError;
 }
 
-// promote / demote, to pmirrord.
-int run_role(const Global& global, const json& request, bool as_json) {
+// promote / demote / down / up, to pmirrord; `format` makes the human line.
+int run_daemon_command(const Global& global, const json& request, bool as_json,
+                       std::string (*format)(const json&)) {
   std::chrono::milliseconds timeout(global.timeout_given ? global.timeout_ms : kRoleTimeoutMs);
   if (int down = daemon_unreachable(global); down != kExitOk) return down;
   auto result = control::request(global.socket, request, timeout);
@@ -609,7 +610,7 @@ int run_role(const Global& global, const json& request, bool as_json) {
   if (as_json) {
     print_json(*result);
   } else {
-    std::printf("%s\n", control::format_promote_human(*result).c_str());
+    std::printf("%s\n", format(*result).c_str());
   }
   return kExitOk;
 }
@@ -628,21 +629,6 @@ int run_connect(const Global& global, const std::string& volume, const std::stri
     print_json(*result);
   } else {
     std::fputs(control::format_connect_human(*result).c_str(), stdout);
-  }
-  return kExitOk;
-}
-
-// down / up, to pmirrord.
-int run_down(const Global& global, const std::string& volume, bool down, bool as_json) {
-  if (int unreachable = daemon_unreachable(global); unreachable != kExitOk) return unreachable;
-  auto result = control::request(
-      global.socket, {{"command", down ? "down" : "up"}, {"volume", volume}},
-      std::chrono::milliseconds(global.timeout_given ? global.timeout_ms : kRoleTimeoutMs));
-  if (!result.ok()) return command_failed(result.status());
-  if (as_json) {
-    print_json(*result);
-  } else {
-    std::printf("%s\n", control::format_down_human(*result).c_str());
   }
   return kExitOk;
 }
@@ -1088,18 +1074,22 @@ int main(int argc, char** argv) {
   if (resync->parsed()) return run_resync(global, command_volume, peer, full, wait, command_json);
   if (verify->parsed()) return run_verify(global, command_volume, peer, mark_dirty, command_json);
   if (promote->parsed()) {
-    return run_role(global, {{"command", "promote"}, {"volume", command_volume}, {"force", force}},
-                    command_json);
+    return run_daemon_command(
+        global, {{"command", "promote"}, {"volume", command_volume}, {"force", force}},
+        command_json, control::format_promote_human);
   }
   if (reload->parsed()) return run_reload(global, dry_run, command_json);
   if (disconnect->parsed() || connect->parsed()) {
     return run_connect(global, command_volume, peer, connect->parsed(), command_json);
   }
   if (down->parsed() || up->parsed()) {
-    return run_down(global, command_volume, down->parsed(), command_json);
+    return run_daemon_command(
+        global, {{"command", down->parsed() ? "down" : "up"}, {"volume", command_volume}},
+        command_json, control::format_down_human);
   }
   if (demote->parsed()) {
-    return run_role(global, {{"command", "demote"}, {"volume", command_volume}}, command_json);
+    return run_daemon_command(global, {{"command", "demote"}, {"volume", command_volume}},
+                              command_json, control::format_promote_human);
   }
   return kExitUsage;
 }
