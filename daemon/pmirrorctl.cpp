@@ -920,8 +920,8 @@ int run_complete(const std::string& what, const std::string& file) {
 int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{
-      "pmirrorctl: shows what pmirror does on this node, resyncs, verifies, promotes; checks "
-      "cluster files"};
+      "pmirrorctl: shows what pmirror does on this node, resyncs, verifies, promotes, takes "
+      "volumes down and replicas away and back; checks and shows cluster files"};
   app.require_subcommand(1);
   app.set_version_flag("-V,--version", "pmirrorctl " PMIRROR_VERSION_STRING);
   Global global;

@@ -161,6 +161,12 @@ TEST_F(OperatorTest, DownStopsServingOneVolumeUntilUpAndLeavesTheOtherServed) {
   ASSERT_TRUE(write(**w, 8192, 4096, 0x5a).ok());
   EXPECT_EQ(replica_bytes("n1", "w", 8192, 4096), std::string(4096, '\x5a'));
 
+  // A reload keeps it down.
+  RunResult reload = cluster_->ctl("n1", {"reload"});
+  ASSERT_EQ(reload.exit, 0) << reload.text();
+  EXPECT_NE(cluster_->ctl("n1", {"status", "v"}).out.find("v role:replica down (by operator)"),
+            std::string::npos);
+
   RunResult up = cluster_->ctl("n1", {"up", "v"});
   ASSERT_EQ(up.exit, 0) << up.text();
   EXPECT_NE(up.out.find("v: served again on n1"), std::string::npos) << up.text();
