@@ -111,11 +111,11 @@ TEST(ControlEdge, StatusNamesTheLeaseFileAndWhatIsLeftOfIt) {
 
 TEST(ControlEdge, StatusIsTheObjectOfTheControlDocs) {
   json v = json::parse(status_json(sample_status()));
-  EXPECT_EQ(keys(v), (std::set<std::string>{"name", "role", "size", "path", "backing", "metadata",
-                                            "generation", "chunk_size", "promoted", "last_sequence",
-                                            "acknowledged_sequence", "ack_required", "in_sync",
-                                            "local_only", "identity", "opened_at", "lease",
-                                            "peers"}));
+  EXPECT_EQ(keys(v),
+            (std::set<std::string>{"name", "role", "size", "path", "backing", "metadata",
+                                   "generation", "chunk_size", "promoted", "last_sequence",
+                                   "acknowledged_sequence", "ack_required", "in_sync", "local_only",
+                                   "identity", "opened_at", "lease", "peers"}));
   EXPECT_EQ(v["role"], "primary");
   EXPECT_EQ(v["local_only"], false);  // the sample has replicas
   EXPECT_TRUE(v["lease"].is_null());  // no failover lease needed
