@@ -292,13 +292,16 @@ YAML
     runtime_excused=/run/pmirror
     for entry in /run/pmirror/*; do
       [[ -e $entry ]] || continue
-      if [[ $(basename "$entry") =~ ^initiator-([0-9]+)\.sock ]] && [[ -d /proc/${BASH_REMATCH[1]} ]]; then
+      # An application's socket while it runs; its metrics-owner lock
+      # (initiator-PID.metrics-owner) whenever: libpmirror's, not the package's.
+      if [[ $(basename "$entry") =~ ^initiator-([0-9]+)\.(sock|metrics-owner)$ ]] &&
+        [[ ${BASH_REMATCH[2]} == metrics-owner || -d /proc/${BASH_REMATCH[1]} ]]; then
         continue
       fi
       runtime_excused=
     done
     [[ -n $runtime_excused ]] &&
-      echo "note: /run/pmirror holds running applications' sockets only:" /run/pmirror/*
+      echo "note: /run/pmirror holds applications' runtime files only:" /run/pmirror/*
   fi
   for package in "${packages[@]}"; do
     status=$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null || true)
