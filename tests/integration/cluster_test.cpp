@@ -312,7 +312,7 @@ TEST_F(ClusterTest, ReloadAddsAndRemovesVolumesWithoutTouchingTheOthers) {
   })) << status(1).dump(2)
       << node1_->read_log();
   // v1's session was not touched.
-  EXPECT_EQ(peer_state(status(1), "pmirrord", "v1", "app@"), "connected");
+  EXPECT_EQ(peer_state(status(1), "pmirrord", "v1", "app"), "connected");
   EXPECT_TRUE((*volume)->write(0, "still here", 10).ok());
   EXPECT_EQ(peer_state(status(1), "initiator", "v1", "node1"), "connected");
 
