@@ -259,7 +259,33 @@ std::string initiator_socket_path(pid_t pid, const std::string& dir) {
 
 LocalPrimaries::LocalPrimaries(std::string dir) : dir_(std::move(dir)) {}
 
-LocalPrimaries::~LocalPrimaries() = default;
+LocalPrimaries::~LocalPrimaries() {
+  // The claims end with this process: their files go with them (another
+  // pmirrord makes its own when it takes an application over).
+  for (const auto& [socket, claim] : claims_) ::unlink(claim.lock_path.c_str());
+}
+
+void LocalPrimaries::sweep_stale_claims(const std::vector<InitiatorSocket>& sockets) {
+  // A claim file whose application is gone and whose holder died (kill -9
+  // leaves it): nobody else removes it, so the first pmirrord to find it
+  // unheld does.
+  std::unique_ptr<DIR, int (*)(DIR*)> handle(::opendir(dir_.c_str()), ::closedir);
+  if (!handle) return;
+  constexpr std::string_view kPrefix = "initiator-", kSuffix = ".metrics-owner";
+  while (dirent* entry = ::readdir(handle.get())) {
+    std::string_view name = entry->d_name;
+    if (!name.starts_with(kPrefix) || !name.ends_with(kSuffix)) continue;
+    std::string pid(name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size()));
+    std::string socket_path = dir_ + "/initiator-" + pid + ".sock";
+    bool live = std::any_of(sockets.begin(), sockets.end(),
+                            [&](const InitiatorSocket& s) { return s.path == socket_path; });
+    if (live || claims_.count(socket_path) != 0) continue;
+    std::string path = dir_ + "/" + std::string(name);
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
+    if (fd.get() < 0) continue;
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) == 0) ::unlink(path.c_str());  // unheld: stale
+  }
+}
 
 bool LocalPrimaries::owns(const InitiatorSocket& socket) {
   if (claims_.count(socket.path) != 0) return true;
@@ -295,6 +321,7 @@ nlohmann::json LocalPrimaries::add_to(nlohmann::json status, std::chrono::millis
       ++it;
     }
   }
+  sweep_stale_claims(*sockets);
   if (sockets->empty() || !status.is_object()) return status;
   nlohmann::json& volumes = status["volumes"];
   if (!volumes.is_array()) volumes = nlohmann::json::array();

@@ -124,6 +124,8 @@ class LocalPrimaries {
 
  private:
   bool owns(const InitiatorSocket& socket);  // claims it if nobody has
+  // Removes claim files of applications that are gone, held by nobody.
+  void sweep_stale_claims(const std::vector<InitiatorSocket>& sockets);
 
   struct Claim {
     std::string lock_path;

@@ -3,8 +3,10 @@
 #include "metrics/metrics.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,6 +23,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/unique_fd.h"
 #include "control/control.h"
 
 namespace pmirror::metrics {
@@ -415,6 +418,30 @@ TEST(MetricsTest, AnApplicationsPrimarySeriesComeFromOneDaemonOfAHost) {
   scrape(b, "b");
   EXPECT_FALSE(
       std::filesystem::exists(dir + "/initiator-" + std::to_string(::getpid()) + ".metrics-owner"));
+  std::filesystem::remove_all(dir);
+}
+
+// A claim file left by a pmirrord that died (kill -9) for an application
+// that is gone too is removed by the next pmirrord's scrape; one that a
+// live process holds stays.
+TEST(MetricsTest, ClaimFilesOfGoneApplicationsAreSweptUnlessHeld) {
+  std::string dir = ::testing::TempDir() + "metrics_test_sweep." + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string stale = dir + "/initiator-999991.metrics-owner";
+  const std::string held = dir + "/initiator-999992.metrics-owner";
+  { std::ofstream(stale).put('\0'); }
+  { std::ofstream(held).put('\0'); }
+  UniqueFd holder(::open(held.c_str(), O_RDWR | O_CLOEXEC));
+  ASSERT_GE(holder.get(), 0);
+  ASSERT_EQ(::flock(holder.get(), LOCK_EX | LOCK_NB), 0);
+  {
+    control::LocalPrimaries daemon(dir);
+    json status = {{"process", {{"kind", "pmirrord"}, {"node", "a"}}}, {"volumes", json::array()}};
+    (void)daemon.add_to(status, std::chrono::seconds(1));
+  }
+  EXPECT_FALSE(std::filesystem::exists(stale)) << "nobody held it: swept";
+  EXPECT_TRUE(std::filesystem::exists(held)) << "a live process holds it";
   std::filesystem::remove_all(dir);
 }
 
