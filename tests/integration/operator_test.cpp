@@ -14,6 +14,7 @@
 #include <stdlib.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <pmirror/pmirror.hpp>
@@ -65,10 +66,18 @@ std::string diag(const Volume& volume) {
   return "\nprimary status: " + volume.status_json() + "\n";
 }
 
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? value : fallback;
+}
+
 class OperatorTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    cluster_ = std::make_unique<TestCluster>(dir_.path(), "tcp", "127.0.0.1");
+    // tcp on loopback, unless the lab runs it over rdma
+    // (PMIRROR_TEST_TRANSPORT, PMIRROR_TEST_ADDRESS).
+    cluster_ = std::make_unique<TestCluster>(dir_.path(), env_or("PMIRROR_TEST_TRANSPORT", "tcp"),
+                                             env_or("PMIRROR_TEST_ADDRESS", "127.0.0.1"));
     ::setenv("PMIRROR_RUNTIME_DIR", cluster_->runtime_dir().c_str(), 1);
   }
   void TearDown() override {

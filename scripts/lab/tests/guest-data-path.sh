@@ -30,6 +30,8 @@ echo "== the ack policy over rdma: open without a replica that does not answer; 
 PMIRROR_TEST_TIME_SCALE=${PMIRROR_TEST_TIME_SCALE:-10} \
   "$build/tests/integration/insufficient_test" --gtest_brief=1 \
   --gtest_filter='InsufficientTest.OpenGoesOn*:InsufficientTest.FailReturns*:InsufficientTest.FailedPersists*:InsufficientTest.BlockWaits*'
+echo "== the operator's switches over rdma: down/up a volume, disconnect/connect a replica"
+"$build/tests/integration/operator_test" --gtest_brief=1
 # The pool on a plain file: rxe0 cannot register fsdax pages (no ODP), and
 # libpmirror registers the program's local copy as the source of its RDMA
 # Writes (docs/transport-rdma.md); a pool on devdax is the next step.
