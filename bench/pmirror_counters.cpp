@@ -5,15 +5,27 @@
 // older one (its sequence and checksum say which is current after a
 // crash), one persist per transaction. scripts/bench-pmdk.sh runs it beside
 // the libpmemobj program, plain and under pmirror-run (docs/benchmarks.md).
+// With --log, each transaction is followed, after its persist, by its
+// "committed K" line appended to FILE with one write(2), as the libpmemobj
+// program does (its commit made visible outside the process).
 //
-//   pmirror-counters-bench --config FILE --volume V [--node N] [--identity ID] --count N
-// prints "transactions_per_s=R p50_us=A p99_us=B".
+//   pmirror-counters-bench --config FILE --volume V [--node N] [--identity ID]
+//                          --count N [--log FILE]
+// prints "transactions_per_s=R p50_us=A p99_us=B". A transaction is timed
+// as in examples/02-pmemobj-counters (`bench`): clock_gettime(CLOCK_MONOTONIC)
+// before it and after its log line's write (or its persist, without --log);
+// p50 and p99 are the sorted latencies at COUNT/2 and COUNT*99/100.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <chrono>
+#include <cerrno>
+#include <cinttypes>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <pmirror/pmirror.hpp>
 #include <string>
 #include <vector>
@@ -36,17 +48,24 @@ uint64_t checksum_of(const Root& r) {
   return sum;
 }
 
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"the counters transaction over libpmirror: one persist per transaction"};
-  std::string config, volume, node, identity;
+  std::string config, volume, node, identity, log;
   uint64_t count = 10000;
   app.add_option("--config", config, "the cluster file")->required();
   app.add_option("--volume", volume, "the volume")->required();
   app.add_option("--node", node, "this node (default: by host name)");
   app.add_option("--identity", identity, "who this is to the targets")->required();
   app.add_option("--count", count, "transactions")->check(CLI::Range(1ull, 100000000ull));
+  app.add_option("--log", log, "append \"committed K\" to this file after each transaction");
   CLI11_PARSE(app, argc, argv);
 
   auto opened = pmirror::Volume::open_from_config(config, volume, identity, node);
@@ -55,6 +74,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   pmirror::Volume& v = **opened;
+  int log_fd = -1;
+  if (!log.empty() && (log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600)) < 0) {
+    std::fprintf(stderr, "pmirror-counters-bench: %s: %s\n", log.c_str(), std::strerror(errno));
+    return 1;
+  }
   Root current{};
   // Recover the newer of the two copies.
   for (uint64_t copy = 0; copy < 2; ++copy) {
@@ -63,10 +87,9 @@ int main(int argc, char** argv) {
     if (r.checksum == checksum_of(r) && r.sequence >= current.sequence) current = r;
   }
   std::vector<uint64_t> latency(count);
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
+  const uint64_t start = now_ns();
   for (uint64_t i = 0; i < count; ++i) {
-    const auto t0 = Clock::now();
+    const uint64_t t0 = now_ns();
     Root next = current;
     next.sequence = current.sequence + 1;
     next.transactions = current.transactions + 1;
@@ -78,13 +101,21 @@ int main(int argc, char** argv) {
       return 1;
     }
     current = next;
-    latency[i] = static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+    if (log_fd >= 0) {
+      char line[64];
+      const int n = std::snprintf(line, sizeof(line), "committed %" PRIu64 "\n", next.transactions);
+      if (::write(log_fd, line, static_cast<size_t>(n)) != n) {
+        std::fprintf(stderr, "pmirror-counters-bench: %s: %s\n", log.c_str(), std::strerror(errno));
+        return 1;
+      }
+    }
+    latency[i] = now_ns() - t0;
   }
-  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const double seconds = static_cast<double>(now_ns() - start) / 1e9;
+  if (log_fd >= 0) ::close(log_fd);
   std::sort(latency.begin(), latency.end());
   std::printf("transactions_per_s=%.0f p50_us=%.1f p99_us=%.1f\n",
-              static_cast<double>(count) / seconds, latency[count / 2] / 1e3,
-              latency[(count * 99) / 100] / 1e3);
+              static_cast<double>(count) / seconds, static_cast<double>(latency[count / 2]) / 1e3,
+              static_cast<double>(latency[(count * 99) / 100]) / 1e3);
   return 0;
 }

@@ -9,9 +9,12 @@
  *       kills it). POOL is created if it is not a pool yet: an existing
  *       zero-filled file of the right size (pmirror's `create: true`) or a
  *       new 16 MiB file.
- *   pmemobj-counters bench POOL COUNT
- *       COUNT transactions, timed one by one (no log): transactions per
- *       second, p50 and p99 (scripts/bench-pmdk.sh).
+ *   pmemobj-counters bench POOL COUNT [LOG]
+ *       COUNT transactions, timed one by one: transactions per second, p50
+ *       and p99 (scripts/bench-pmdk.sh). With LOG, each transaction is
+ *       followed by its "committed K" line appended to LOG with one
+ *       write(2), as in `run` (the commit made visible outside the
+ *       process), and the time of one transaction includes that write.
  *   pmemobj-counters check POOL [LOG]
  *       opens POOL (a copy: libpmemobj's recovery writes to it) and checks
  *       that its state is the one left by some whole number of
@@ -125,14 +128,23 @@ static uint64_t now_ns(void) {
 }
 
 /*
- * COUNT transactions, each timed: "transactions_per_s=R p50_us=A p99_us=B"
- * (scripts/bench-pmdk.sh; docs/benchmarks.md).
+ * COUNT transactions, each timed from before the transaction to after its
+ * log line's write (LOG given) or its commit (LOG NULL):
+ * "transactions_per_s=R p50_us=A p99_us=B" (scripts/bench-pmdk.sh;
+ * docs/benchmarks.md). bench/pmirror_counters.cpp times the same way.
  */
-static int bench(const char* pool, uint64_t count) {
+static int bench(const char* pool, uint64_t count, const char* log) {
   PMEMobjpool* pop = open_or_create(pool);
   if (pop == NULL) return 1;
+  int log_fd = -1;
+  if (log != NULL && (log_fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600)) < 0) {
+    fprintf(stderr, "pmemobj-counters: %s: %s\n", log, strerror(errno));
+    pmemobj_close(pop);
+    return 1;
+  }
   uint64_t* latency = count > 0 ? calloc(count, sizeof(*latency)) : NULL;
   if (latency == NULL) {
+    if (log_fd >= 0) close(log_fd);
     pmemobj_close(pop);
     return 1;
   }
@@ -140,8 +152,18 @@ static int bench(const char* pool, uint64_t count) {
   uint64_t start = now_ns();
   for (uint64_t i = 0; i < count; i++) {
     uint64_t k, t0 = now_ns();
-    if (transaction(pop, root_oid, &k) != 0) {
+    int failed = transaction(pop, root_oid, &k) != 0;
+    if (!failed && log_fd >= 0) {
+      char line[64];
+      int n = snprintf(line, sizeof(line), "committed %" PRIu64 "\n", k);
+      if (write(log_fd, line, (size_t)n) != n) {
+        fprintf(stderr, "pmemobj-counters: %s: %s\n", log, strerror(errno));
+        failed = 1;
+      }
+    }
+    if (failed) {
       free(latency);
+      if (log_fd >= 0) close(log_fd);
       pmemobj_close(pop);
       return 1;
     }
@@ -152,6 +174,7 @@ static int bench(const char* pool, uint64_t count) {
   printf("transactions_per_s=%.0f p50_us=%.1f p99_us=%.1f\n", (double)count / seconds,
          (double)latency[count / 2] / 1e3, (double)latency[(count * 99) / 100] / 1e3);
   free(latency);
+  if (log_fd >= 0) close(log_fd);
   pmemobj_close(pop);
   return 0;
 }
@@ -213,11 +236,11 @@ int main(int argc, char** argv) {
     return run(argv[2], argv[3], strtoull(argv[4], NULL, 10));
   if ((argc == 3 || argc == 4) && strcmp(argv[1], "check") == 0)
     return check(argv[2], argc == 4 ? argv[3] : NULL);
-  if (argc == 4 && strcmp(argv[1], "bench") == 0)
-    return bench(argv[2], strtoull(argv[3], NULL, 10));
+  if ((argc == 4 || argc == 5) && strcmp(argv[1], "bench") == 0)
+    return bench(argv[2], strtoull(argv[3], NULL, 10), argc == 5 ? argv[4] : NULL);
   fprintf(stderr,
           "usage: pmemobj-counters run POOL LOG COUNT\n"
           "       pmemobj-counters check POOL [LOG]\n"
-          "       pmemobj-counters bench POOL COUNT\n");
+          "       pmemobj-counters bench POOL COUNT [LOG]\n");
   return 2;
 }
