@@ -230,6 +230,12 @@ PMIRROR_EXPORT int pmirror_cfg_get_method(const struct pmirror_cfg* cfg,
 PMIRROR_EXPORT int pmirror_cfg_set_max_in_flight(struct pmirror_cfg* cfg, uint32_t max_in_flight);
 PMIRROR_EXPORT int pmirror_cfg_get_max_in_flight(const struct pmirror_cfg* cfg,
                                                  uint32_t* max_in_flight);
+/* Bytes set aside for persists started with a snapshot
+ * (pmirror_persist_ranges_async with `snapshot`); every replica session
+ * registers them. 0 (default): none. */
+PMIRROR_EXPORT int pmirror_cfg_set_snapshot_buffer(struct pmirror_cfg* cfg, uint64_t bytes);
+PMIRROR_EXPORT int pmirror_cfg_get_snapshot_buffer(const struct pmirror_cfg* cfg,
+                                                   uint64_t* bytes);
 
 /* Default PMIRROR_POLL_ADAPTIVE. */
 PMIRROR_EXPORT int pmirror_cfg_set_poll(struct pmirror_cfg* cfg, enum pmirror_poll poll);
@@ -339,12 +345,34 @@ PMIRROR_EXPORT int pmirror_persist(pmirror_volume* volume, uint64_t offset, uint
  * length is 0. */
 PMIRROR_EXPORT int pmirror_write(pmirror_volume* volume, uint64_t offset, const void* source,
                                  uint64_t length);
-/* Starts a persist; *sequence (may be NULL) identifies it for pmirror_wait.
- * Persists complete in the order they started. Waits first if
- * max_in_flight persists are outstanding. Errors: as pmirror_persist, and
+/* Starts a persist and returns without waiting for it; *sequence (may be
+ * NULL) identifies it for pmirror_wait. Ordered: on every replica a
+ * persist is durable only after every persist started before it, so a
+ * program may start its ordering points this way and wait (pmirror_wait,
+ * pmirror_drain) only where its state is seen outside it. The replicas
+ * get the bytes the range holds when the persist is posted: do not store
+ * to it before it is waited for (or use a snapshot:
+ * pmirror_persist_ranges_async). Waits first if max_in_flight persists
+ * are outstanding. Errors: as pmirror_persist, and
  * -PMIRROR_E_INVALID_ARGUMENT for length 0. */
 PMIRROR_EXPORT int pmirror_persist_async(pmirror_volume* volume, uint64_t offset, uint64_t length,
                                          uint64_t* sequence);
+/* One range of a persist of several. */
+struct pmirror_range {
+  uint64_t offset;
+  uint64_t length;
+};
+/* Starts one persist of `count` ranges (one sequence, one flush, one
+ * commit record), ordered as pmirror_persist_async; empty ranges are
+ * skipped, but not all may be empty. `snapshot` (may be NULL): the ranges'
+ * bytes, concatenated in range order; the replicas get these, copied
+ * before it returns, so the program may store to the ranges again at once
+ * (needs pmirror_cfg_set_snapshot_buffer: -PMIRROR_E_FAILED_PRECONDITION
+ * without; -PMIRROR_E_INVALID_ARGUMENT for a range larger than the
+ * buffer). Errors: as pmirror_persist_async. */
+PMIRROR_EXPORT int pmirror_persist_ranges_async(pmirror_volume* volume,
+                                                const struct pmirror_range* ranges, size_t count,
+                                                const void* snapshot, uint64_t* sequence);
 /* Returns once every persist up to `sequence` is durable. Errors: as
  * pmirror_persist; -PMIRROR_E_INVALID_ARGUMENT for a sequence never started. */
 PMIRROR_EXPORT int pmirror_wait(pmirror_volume* volume, uint64_t sequence);

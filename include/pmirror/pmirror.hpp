@@ -42,6 +42,7 @@
 #include <functional>
 #include <memory>
 #include <pmirror/status.hpp>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -126,6 +127,17 @@ struct VolumeOptions {
   // interposer: the real pmem_persist / pmem_msync already did it):
   // persist() then only mirrors the range, instead of flushing it again.
   bool local_persisted_by_caller = false;
+  // Bytes set aside for persists started with a snapshot (persist_async
+  // with `snapshot` bytes: the replicas get those, so the application may
+  // store to the ranges again at once); every replica session registers
+  // them. 0 (default): no snapshot persists. pmirror-run uses 4 MiB.
+  uint64_t snapshot_buffer = 0;
+};
+
+// One range of a persist of several (Volume::persist_async).
+struct PersistRange {
+  uint64_t offset = 0;
+  uint64_t length = 0;
 };
 
 // One replica's comparison by verify().
@@ -220,9 +232,26 @@ class PMIRROR_EXPORT Volume {
   // memcpy into the mapping, then persist. Errors: as persist().
   Status write(uint64_t offset, const void* source, uint64_t length);
 
-  // Starts a persist and returns its sequence number; completes in order.
-  // Errors: as persist(), and kInvalidArgument for an empty range.
+  // Starts a persist and returns its sequence number; does not wait.
+  // Ordered: on every replica it is durable only after every persist
+  // started before it (docs/protocol.md, "Ordering"), so a program may
+  // start its ordering points with it and wait only where its state is
+  // seen (wait / drain). The bytes a replica gets are those the range
+  // holds when the persist is posted: do not store to it until it is
+  // waited for (or use a snapshot, below). Errors: as persist(), and
+  // kInvalidArgument for an empty range.
   Result<uint64_t> persist_async(uint64_t offset, uint64_t length);
+  // One persist of several ranges (one sequence, one flush, one commit
+  // record), ordered as above; ranges may be empty (skipped) but not all.
+  // With `snapshot` (the ranges' bytes, concatenated in range order; as
+  // many bytes as the ranges hold): the replicas get these bytes, copied
+  // before it returns, and the application may store to the ranges again
+  // at once; needs VolumeOptions::snapshot_buffer (kFailedPrecondition
+  // without, kInvalidArgument when the persist is larger than it). The
+  // local copy is persisted as it is now (unless
+  // local_persisted_by_caller).
+  Result<uint64_t> persist_async(std::span<const PersistRange> ranges,
+                                 std::span<const std::byte> snapshot = {});
   // Returns once every persist up to `sequence` is durable on `ack`
   // replicas (as persist). Errors: as persist().
   Status wait(uint64_t sequence);

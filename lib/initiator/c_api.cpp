@@ -431,6 +431,17 @@ int pmirror_cfg_get_max_in_flight(const struct pmirror_cfg* cfg, uint32_t* max_i
                  [](const pmirror_cfg& c) { return c.options.max_in_flight; });
 }
 
+int pmirror_cfg_set_snapshot_buffer(struct pmirror_cfg* cfg, uint64_t bytes) {
+  return set_cfg(cfg, [&](pmirror::VolumeOptions& o) {
+    o.snapshot_buffer = bytes;
+    return 0;
+  });
+}
+int pmirror_cfg_get_snapshot_buffer(const struct pmirror_cfg* cfg, uint64_t* bytes) {
+  return get_cfg(cfg, bytes, "bytes",
+                 [](const pmirror_cfg& c) { return c.options.snapshot_buffer; });
+}
+
 int pmirror_cfg_set_poll(struct pmirror_cfg* cfg, enum pmirror_poll poll) {
   return set_cfg(cfg, [&](pmirror::VolumeOptions& o) {
     switch (poll) {
@@ -658,6 +669,27 @@ int pmirror_persist_async(pmirror_volume* volume, uint64_t offset, uint64_t leng
   return guarded([&] {
     if (int bad = check_volume(volume)) return bad;
     auto started = volume->volume->persist_async(offset, length);
+    if (!started.ok()) return fail(started.status());
+    if (sequence != nullptr) *sequence = *started;
+    return ok();
+  });
+}
+
+int pmirror_persist_ranges_async(pmirror_volume* volume, const struct pmirror_range* ranges,
+                                 size_t count, const void* snapshot, uint64_t* sequence) {
+  return guarded([&] {
+    if (int bad = check_volume(volume)) return bad;
+    if (ranges == nullptr && count > 0) return invalid("ranges is NULL");
+    if (count == 0) return invalid("no ranges");
+    std::vector<pmirror::PersistRange> list(count);
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < count; ++i) {
+      list[i] = {ranges[i].offset, ranges[i].length};
+      bytes += ranges[i].length;
+    }
+    std::span<const std::byte> taken;
+    if (snapshot != nullptr) taken = {static_cast<const std::byte*>(snapshot), bytes};
+    auto started = volume->volume->persist_async(list, taken);
     if (!started.ok()) return fail(started.status());
     if (sequence != nullptr) *sequence = *started;
     return ok();

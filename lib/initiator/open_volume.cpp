@@ -170,9 +170,9 @@ void OpenVolume::close() {
   for (const auto& peer : peers.all()) {
     if (!peer->live()) continue;
     uint64_t done = peer->replica->done_upto();
-    ledger.for_each_unsettled([&](const InFlightPersist& persist) {
-      if (persist.sequence > done) {
-        peers.mark_dirty(*peer, persist.offset, persist.length);
+    ledger.for_each_unsettled([&](uint64_t sequence, const protocol::Range& range) {
+      if (sequence > done) {
+        peers.mark_dirty(*peer, range.offset, range.length);
         peers.ensure_tracked(*peer);
       }
     });

@@ -36,6 +36,7 @@ struct OpenVolume {
   Peers peers;
   Resyncer resyncer;
   PersistPipeline pipeline;
+  std::vector<protocol::Range> ranges_scratch;  // persist_async(ranges)'s, guarded by core.mutex
   Verifier verifier;
   VolumeSupervisor supervisor;
   const supervisor::SystemTime opened_at = std::chrono::system_clock::now();

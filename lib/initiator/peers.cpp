@@ -147,8 +147,8 @@ void Peers::mark_unsent(uint64_t offset, uint64_t length) {
 
 void Peers::start_lagging(Peer& peer, const Status& why) {
   uint64_t done = peer.replica->done_upto();
-  ledger_.for_each_unsettled([&](const InFlightPersist& persist) {
-    if (persist.sequence > done) mark_missed(peer, persist.offset, persist.length);
+  ledger_.for_each_unsettled([&](uint64_t sequence, const protocol::Range& range) {
+    if (sequence > done) mark_missed(peer, range.offset, range.length);
   });
   ensure_tracked(peer);
   peer.lagging = true;
@@ -171,8 +171,8 @@ void Peers::drop(Peer& peer, const Status& why, PeerState to) {
   if (peer.replica) {
     uint64_t done = peer.replica->done_upto();
     peer.acknowledged = std::max(peer.acknowledged, done);
-    ledger_.for_each_unsettled([&](const InFlightPersist& persist) {
-      if (persist.sequence > done) mark_dirty(peer, persist.offset, persist.length);
+    ledger_.for_each_unsettled([&](uint64_t sequence, const protocol::Range& range) {
+      if (sequence > done) mark_dirty(peer, range.offset, range.length);
     });
   }
   ensure_tracked(peer);
@@ -301,7 +301,8 @@ void Peers::start_reconnect(Peer& peer) {
                         "reconnect attempt " + std::to_string(peer.backoff.attempts()));
   peer.connecting = std::async(std::launch::async, [this, &peer] {
     return Replica::connect({core_.options, peer.spec, core_.local->data(), core_.local->size(),
-                             core_.lineage(peer.meta_index)});
+                             core_.lineage(peer.meta_index), core_.staging.base(),
+                             core_.staging.capacity()});
   });
 }
 

@@ -16,11 +16,13 @@ void PersistLedger::continue_after(uint64_t sequence) {
 
 bool PersistLedger::quiet() const { return last_started() == acknowledged_ && !has_unsettled(); }
 
-uint64_t PersistLedger::start(uint64_t offset, uint64_t length) {
+uint64_t PersistLedger::start(std::span<const protocol::Range> ranges, uint64_t staged_end) {
   InFlightPersist persist;
   persist.sequence = next_++;
-  persist.offset = offset;
-  persist.length = length;
+  persist.first_range = ranges_base_ + ranges_.size();
+  persist.range_count = static_cast<uint32_t>(ranges.size());
+  persist.staged_end = staged_end;
+  ranges_.insert(ranges_.end(), ranges.begin(), ranges.end());
   persists_.push_back(persist);
   return persist.sequence;
 }
@@ -109,14 +111,20 @@ void PersistLedger::forget(size_t replica) {
 void PersistLedger::release() {
   while (head_ < persists_.size() && persists_[head_].sequence <= settled_ &&
          persists_[head_].pending.none()) {
+    if (persists_[head_].staged_end != 0) staging_released_ = persists_[head_].staged_end;
     ++head_;
   }
   if (head_ == persists_.size()) {
     persists_.clear();
     head_ = 0;
+    ranges_base_ += ranges_.size();
+    ranges_.clear();
   } else if (head_ >= 64 && head_ * 2 >= persists_.size()) {
     persists_.erase(persists_.begin(), persists_.begin() + static_cast<ptrdiff_t>(head_));
     head_ = 0;
+    const uint64_t first = persists_.front().first_range;
+    ranges_.erase(ranges_.begin(), ranges_.begin() + static_cast<ptrdiff_t>(first - ranges_base_));
+    ranges_base_ = first;
   }
 }
 

@@ -25,11 +25,13 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
 #include "common/status.h"
 #include "metadata/metadata.h"
+#include "protocol/protocol.h"
 
 namespace pmirror::initiator {
 
@@ -40,8 +42,13 @@ using ReplicaSet = std::bitset<kMaxReplicas>;
 
 struct InFlightPersist {
   uint64_t sequence = 0;
-  uint64_t offset = 0;
-  uint64_t length = 0;
+  // Its ranges: PersistLedger::ranges() (kept beside the records, so that
+  // a persist of many ranges allocates nothing).
+  uint64_t first_range = 0;  // index in the ledger's range store (absolute)
+  uint32_t range_count = 0;
+  // The snapshot buffer (StagingBuffer) holds its bytes up to here
+  // (absolute); 0: sent from the local mapping.
+  uint64_t staged_end = 0;
   ReplicaSet pending;  // posted to these replicas' sessions, not durable there yet
   // For each replica in `pending`: when it was posted there (its latency and
   // its timeout run from then).
@@ -64,14 +71,26 @@ class PersistLedger {
   bool quiet() const;
 
   // ---- persists
-  // Starts the next persist (unsettled, pending nowhere); returns its
-  // sequence.
-  uint64_t start(uint64_t offset, uint64_t length);
-  // The unsettled persists, oldest first.
+  // Starts the next persist of `ranges` (unsettled, pending nowhere);
+  // returns its sequence. `staged_end`: see InFlightPersist.
+  uint64_t start(std::span<const protocol::Range> ranges, uint64_t staged_end = 0);
+  uint64_t start(uint64_t offset, uint64_t length) {
+    const protocol::Range range{offset, length};
+    return start(std::span(&range, 1));
+  }
+  std::span<const protocol::Range> ranges(const InFlightPersist& persist) const {
+    return {ranges_.data() + (persist.first_range - ranges_base_), persist.range_count};
+  }
+  // Each range of the unsettled persists, oldest first: fn(sequence, range).
   template <typename Fn>
   void for_each_unsettled(Fn&& fn) const {
-    for (auto it = find(settled_ + 1); it != persists_.end(); ++it) fn(*it);
+    for (auto it = find(settled_ + 1); it != persists_.end(); ++it) {
+      for (const protocol::Range& range : ranges(*it)) fn(it->sequence, range);
+    }
   }
+  // The snapshot buffer's bytes up to here belong to no record any more
+  // (the staged_end of the newest record released).
+  uint64_t staging_released() const { return staging_released_; }
   bool has_unsettled() const { return size() > 0 && persists_.back().sequence > settled_; }
   // Every persist up to `upto` is durable on every live replica that is not
   // lagging (or recorded dirty for it). A lower value than before changes
@@ -110,6 +129,11 @@ class PersistLedger {
   // nothing (a deque would allocate and free a block every few).
   Records persists_;
   size_t head_ = 0;
+  // The records' ranges, in record order: ranges_[i] is range
+  // ranges_base_ + i. Trimmed with the records.
+  std::vector<protocol::Range> ranges_;
+  uint64_t ranges_base_ = 0;
+  uint64_t staging_released_ = 0;
   uint64_t next_ = 1;
   uint64_t acknowledged_ = 0;
   uint64_t settled_ = 0;

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <span>
 #include <vector>
 
 #include "initiator/activity_log.h"
@@ -40,15 +41,28 @@ class PersistPipeline {
   // fails, what it did not start is marked dirty for every replica
   // (Peers::mark_unsent): the local copy holds those bytes either way.
   Result<uint64_t> start(std::unique_lock<std::mutex>& lock, uint64_t offset, uint64_t length);
+  // Starts one persist of `ranges` (each non-empty) -- or, past the limits
+  // of one (kMaxRangesPerPersist ranges, a quarter of the activity log,
+  // the snapshot buffer), as few as hold them, in order -- and returns the
+  // last one's sequence. With `snapshot` (the ranges' bytes, concatenated:
+  // copied into the snapshot buffer before it returns), the replicas get
+  // those bytes rather than the mapping's. Fails as start above.
+  Result<uint64_t> start(std::unique_lock<std::mutex>& lock,
+                         std::span<const protocol::Range> ranges,
+                         std::span<const std::byte> snapshot);
   // Returns once every persist up to `sequence` is durable on `ack` in-sync
   // replicas; replicas beyond `ack` keep their copy of the persist in
   // flight and are not waited for.
   Status wait(std::unique_lock<std::mutex>& lock, uint64_t sequence);
 
  private:
-  Result<uint64_t> start_piece(std::unique_lock<std::mutex>& lock, uint64_t offset,
-                               uint64_t length);
-  Status log_activity(uint64_t sequence, uint64_t offset, uint64_t length);
+  Result<uint64_t> start_piece(std::unique_lock<std::mutex>& lock,
+                               std::span<const protocol::Range> ranges,
+                               std::span<const std::byte> snapshot);
+  // Room for `bytes` in the snapshot buffer, waiting for the persists that
+  // hold it; returns its absolute position.
+  Result<uint64_t> reserve_staging(std::unique_lock<std::mutex>& lock, uint64_t bytes);
+  Status log_activity(uint64_t sequence, std::span<const protocol::Range> ranges);
   // kLeaseLost unless the promoter's lease holds now (VolumeCore::lease):
   // one clock read and one atomic load when the volume needs a lease,
   // nothing otherwise.

@@ -140,6 +140,12 @@ Status Replica::handshake(const Setup& setup) {
   PMIRROR_ASSIGN_OR_RETURN(flush_region_,
                            connection_->register_memory(flush_buffer_.data(), flush_buffer_.size(),
                                                         transport::kLocalOnly));
+  if (setup.staging_size > 0) {
+    PMIRROR_ASSIGN_OR_RETURN(staging_region_,
+                             connection_->register_memory(setup.staging_base, setup.staging_size,
+                                                          transport::kLocalOnly));
+  }
+  post_scratch_.reserve(kMaxRangesPerPersist + 2);
   last_heard_ = last_sent_ = Clock::now();
   log::debug("replica {}: session open, method {}, session generation {}, last sequence {}", label_,
              apm_ ? "apm" : "gpspm", generation_, remote_last_sequence_);
@@ -202,60 +208,78 @@ namespace {
 template <typename Update>
 Result<transport::WorkRequest> encode_update(session::Messenger& messenger, protocol::Message& kept,
                                              uint64_t sequence, uint64_t generation,
-                                             uint64_t offset, uint64_t length) {
+                                             std::span<const protocol::Range> ranges) {
   auto& update = std::get<Update>(kept);
   update.sequence = sequence;
   update.generation = generation;
-  update.ranges.assign(1, protocol::Range{offset, length});
+  update.ranges.assign(ranges.begin(), ranges.end());
   return messenger.encode(kept);
 }
 
 }  // namespace
 
-Status Replica::post_write_flush(uint64_t sequence, uint64_t offset, uint64_t length, bool may_wait,
+Status Replica::post_write_flush(uint64_t sequence, std::span<const protocol::Range> ranges,
+                                 std::optional<size_t> staged_at, bool may_wait,
                                  Clock::time_point now) {
   const bool copy = sequence == protocol::kResyncSequence;
-  // The whole persist is one post_list (over rdma one doorbell): the Write,
-  // then under APM the flush -- an 8-byte Read after the Writes on the same
-  // connection completes only once they are placed (durable, under APM's
-  // platform rules) -- and, every kPersistsPerCommit persists, the Commit
-  // carrying the bookkeeping of those since the last one; under GPSPM a
-  // PersistRequest instead of the Read.
-  std::array<transport::WorkRequest, 3> list;
-  size_t count = 0;
-  list[count++] =
-      transport::WorkRequest::write(*local_region_, offset, length, remote_, offset,
-                                    kWriteTag | (sequence & kSequenceMask), /*signaled=*/false);
-  size_t completes_from = 2;  // posted requests after which a completion will come
-  bool requests = false;      // the last request takes a receive slot on the target
+  // The whole persist is one post_list (over rdma one doorbell): a Write
+  // per range, then under APM the flush -- an 8-byte Read after the Writes
+  // on the same connection completes only once they are placed (durable,
+  // under APM's platform rules) -- and, every kPersistsPerCommit ranges,
+  // the Commit carrying the bookkeeping of those since the last one; under
+  // GPSPM a PersistRequest instead of the Read. The Writes take their
+  // bytes from the snapshot buffer (`staged_at`: the first range's bytes,
+  // the others after it) or the local mapping.
+  std::vector<transport::WorkRequest>& list = post_scratch_;
+  list.clear();
+  size_t staged = staged_at.value_or(0);
+  for (const protocol::Range& range : ranges) {
+    if (staged_at) {
+      list.push_back(transport::WorkRequest::write(*staging_region_, staged, range.length, remote_,
+                                                   range.offset,
+                                                   kWriteTag | (sequence & kSequenceMask),
+                                                   /*signaled=*/false));
+      staged += range.length;
+    } else {
+      list.push_back(transport::WorkRequest::write(*local_region_, range.offset, range.length,
+                                                   remote_, range.offset,
+                                                   kWriteTag | (sequence & kSequenceMask),
+                                                   /*signaled=*/false));
+    }
+  }
+  size_t completes_from = list.size() + 1;  // posted requests after which a completion will come
+  bool requests = false;  // the last request takes a receive slot on the target
   auto& commit_ranges = std::get<protocol::Commit>(commit_message_).ranges;
+  size_t committed_before = commit_ranges.size();
   if (apm_) {
-    uint64_t flush_offset = std::min(offset, remote_size_ - kFlushReadSize);
+    uint64_t flush_offset = std::min(ranges.back().offset, remote_size_ - kFlushReadSize);
     uint64_t tag = copy ? kResyncTag : kReadTag | (sequence & kSequenceMask);
-    list[count++] =
-        transport::WorkRequest::read(*flush_region_, 0, kFlushReadSize, remote_, flush_offset, tag);
+    list.push_back(
+        transport::WorkRequest::read(*flush_region_, 0, kFlushReadSize, remote_, flush_offset, tag));
     if (!copy) {
-      commit_ranges.push_back(protocol::Range{offset, length});  // capacity reserved
+      // capacity reserved; post_persist made room (post_pending_commit)
+      commit_ranges.insert(commit_ranges.end(), ranges.begin(), ranges.end());
       last_posted_sequence_ = sequence;
       // Without a free slot the Commit waits for a later persist (a full
       // Commit never does: post_persist waited for its slot).
       if (commit_ranges.size() >= kPersistsPerCommit && credits_ > 0) {
         auto encoded = encode_commit();
         if (!encoded.ok()) {
-          commit_ranges.pop_back();
+          commit_ranges.resize(committed_before);
           return fail(encoded.status());
         }
-        list[count++] = *encoded;
+        list.push_back(*encoded);
         requests = true;
       }
     }
   } else {
-    PMIRROR_ASSIGN_OR_RETURN(list[count], encode_update<protocol::PersistRequest>(
-                                              *messenger_, persist_request_message_, sequence,
-                                              generation_, offset, length));
-    ++count;
+    PMIRROR_ASSIGN_OR_RETURN(auto request, encode_update<protocol::PersistRequest>(
+                                               *messenger_, persist_request_message_, sequence,
+                                               generation_, ranges));
+    list.push_back(request);
     requests = true;
   }
+  const size_t count = list.size();
 
   size_t posted = 0;
   std::optional<Clock::time_point> deadline;
@@ -275,7 +299,7 @@ Status Replica::post_write_flush(uint64_t sequence, uint64_t offset, uint64_t le
   if (posted < completes_from) {
     // Without may_wait: nothing of it will complete, the replica is as it
     // was (a Write posted alone may still land: harmless, see post_persist).
-    if (apm_ && !copy) commit_ranges.pop_back();
+    if (apm_ && !copy) commit_ranges.resize(committed_before);
     return Status(Errc::kResourceExhausted, "replica " + label_ + ": send queue full (" +
                                                 std::to_string(in_flight_count()) +
                                                 " persists unacknowledged)");
@@ -293,6 +317,27 @@ Status Replica::post_write_flush(uint64_t sequence, uint64_t offset, uint64_t le
       last_sent_ = now;
     }
   }
+  return Status::Ok();
+}
+
+Status Replica::post_pending_commit(bool may_wait) {
+  PMIRROR_RETURN_IF_ERROR(await_credit(may_wait));
+  PMIRROR_ASSIGN_OR_RETURN(auto request, encode_commit());
+  const auto deadline = Clock::now() + operation_timeout_;
+  while (true) {
+    auto took = connection_->post_list(std::span(&request, 1));
+    if (!took.ok()) return fail(took.status());
+    if (*took == 1) break;
+    if (!may_wait) {
+      return Status(Errc::kResourceExhausted, "replica " + label_ + ": send queue full");
+    }
+    if (Status pumped = pump(1ms); !pumped.ok()) return fail(pumped);
+    if (Clock::now() > deadline) {
+      return fail(Status(Errc::kTimeout, "the send queue stayed full for " +
+                                             std::to_string(operation_timeout_.count()) + " ms"));
+    }
+  }
+  committed(Clock::now());
   return Status::Ok();
 }
 
@@ -330,20 +375,51 @@ Status Replica::commit_if_idle(Clock::time_point now) {
   return Status::Ok();
 }
 
-Status Replica::post_persist(uint64_t sequence, uint64_t offset, uint64_t length, bool may_wait) {
+Status Replica::post_persist(uint64_t sequence, std::span<const protocol::Range> ranges,
+                             std::optional<size_t> staged_at, bool may_wait) {
   if (failed())
     return error_.ok() ? Status(Errc::kClosed, "replica " + label_ + " is closed") : error_;
   if (ledger_ == nullptr) {
     return Status(Errc::kInternal,
                   "replica " + label_ + " takes no persist: no ledger to track it");
   }
+  if (ranges.empty() || ranges.size() > kMaxRangesPerPersist) {
+    return Status(Errc::kInternal, "replica " + label_ + ": a persist of " +
+                                       std::to_string(ranges.size()) + " ranges");
+  }
+  if (staged_at && !staging_region_) {
+    return Status(Errc::kInternal, "replica " + label_ + ": no snapshot buffer registered");
+  }
+  if (!apm_ && in_flight_count() > 0) {
+    // GPSPM keeps the order of persists by waiting: the target's CPU
+    // persists a persist's ranges when its PersistRequest arrives, while
+    // the next persist's Writes may already be placed -- and on memory
+    // that is not persistent as placed (a plain file, fsdax without APM)
+    // those could reach the media first (docs/protocol.md, "Ordering").
+    if (!may_wait) {
+      if (Status pumped = pump(0ms); !pumped.ok()) return fail(pumped);
+      if (in_flight_count() > 0) {
+        return Status(Errc::kResourceExhausted,
+                      "replica " + label_ +
+                          ": its previous persist is not durable yet (GPSPM keeps order by "
+                          "waiting for it)");
+      }
+    } else {
+      PMIRROR_RETURN_IF_ERROR(drain());
+    }
+  }
+  if (apm_ && uncommitted() + ranges.size() > protocol::kMaxRangesPerMessage) {
+    // The Commit of the persists before this one goes first: one Commit
+    // holds at most kMaxRangesPerMessage ranges.
+    PMIRROR_RETURN_IF_ERROR(post_pending_commit(may_wait));
+  }
   // A PersistRequest takes a receive slot; under APM only a Commit does,
   // and only a full one must go with this persist.
-  if (!apm_ || uncommitted() + 1 >= protocol::kMaxRangesPerMessage) {
+  if (!apm_ || uncommitted() + ranges.size() >= protocol::kMaxRangesPerMessage) {
     PMIRROR_RETURN_IF_ERROR(await_credit(may_wait));
   }
   const auto now = Clock::now();  // the one clock read of a persist's posting
-  PMIRROR_RETURN_IF_ERROR(post_write_flush(sequence, offset, length, may_wait, now));
+  PMIRROR_RETURN_IF_ERROR(post_write_flush(sequence, ranges, staged_at, may_wait, now));
   ledger_->posted(index_, sequence, now);
   return Status::Ok();
 }
@@ -450,7 +526,9 @@ Status Replica::post_resync(uint64_t offset, uint64_t length) {
   resync_outstanding_ = true;
   resync_posted_ = Clock::now();
   resync_what_ = "[" + std::to_string(offset) + ", +" + std::to_string(length) + ")";
-  return post_write_flush(protocol::kResyncSequence, offset, length, /*may_wait=*/true,
+  const protocol::Range range{offset, length};
+  return post_write_flush(protocol::kResyncSequence, std::span(&range, 1), std::nullopt,
+                          /*may_wait=*/true,
                           resync_posted_);
 }
 

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,9 @@ inline constexpr size_t kPersistsPerCommit = 32;
 // A Commit for the persists not yet committed goes out once none was
 // posted for this long (and none is in flight).
 inline constexpr std::chrono::milliseconds kCommitWhenIdleFor{2};
+// Ranges one persist may hold: a Write each, posted in one list with the
+// flush and up to two Commits (well within a send queue of 256).
+inline constexpr size_t kMaxRangesPerPersist = 64;
 
 class Replica {
  public:
@@ -44,6 +48,9 @@ class Replica {
     std::byte* local_base;
     uint64_t local_size;
     protocol::Lineage lineage{};  // VolumeCore::lineage: what the Hello carries
+    // The snapshot buffer (StagingBuffer), registered too when not empty.
+    std::byte* staging_base = nullptr;
+    uint64_t staging_size = 0;
   };
   // Connects, authenticates both ways, checks the remote size, and
   // registers the local copy. Errors name the replica.
@@ -63,16 +70,26 @@ class Replica {
   // session posts persists only once tracked.
   void track_in(PersistLedger& ledger, size_t index);
 
-  // Posts the Writes and the flush (APM Read, or PersistRequest) for one
-  // persist; under APM every kPersistsPerCommit-th also carries the Commit
-  // of the persists since the last one (see commit_if_idle()). With
-  // `may_wait`, waits (up to operation_timeout) while the target has no
-  // free receive slot the persist needs or the send queue is full.
-  // Without, never waits: returns kResourceExhausted and leaves the replica
-  // as it was when it cannot take the persist now (nothing of it will
-  // complete; a Write already posted may still land, which is harmless to
-  // a caller that records the range dirty for this replica).
-  Status post_persist(uint64_t sequence, uint64_t offset, uint64_t length, bool may_wait = true);
+  // Posts the Writes (one per range, 1..kMaxRangesPerPersist) and the
+  // flush (APM Read, or PersistRequest) for one persist; under APM, every
+  // kPersistsPerCommit ranges, also the Commit of the persists since the
+  // last one (see commit_if_idle()). The Writes' bytes come from the
+  // snapshot buffer at `staged_at` (the ranges' bytes one after the
+  // other) or, without it, from the local mapping. Under GPSPM a persist
+  // is posted only once the one before it is durable (the order of
+  // persists, docs/protocol.md). With `may_wait`, waits (up to
+  // operation_timeout) for that, and while the target has no free
+  // receive slot the persist needs or the send queue is full. Without,
+  // never waits: returns kResourceExhausted and leaves the replica as it
+  // was when it cannot take the persist now (nothing of it will complete;
+  // a Write already posted may still land, which is harmless to a caller
+  // that records the ranges dirty for this replica).
+  Status post_persist(uint64_t sequence, std::span<const protocol::Range> ranges,
+                      std::optional<size_t> staged_at = std::nullopt, bool may_wait = true);
+  Status post_persist(uint64_t sequence, uint64_t offset, uint64_t length, bool may_wait = true) {
+    const protocol::Range range{offset, length};
+    return post_persist(sequence, std::span(&range, 1), std::nullopt, may_wait);
+  }
   // Waits until every persist posted here is durable (up to
   // operation_timeout), or the replica failed.
   Status drain();
@@ -180,8 +197,12 @@ class Replica {
   // nothing of it will complete (the replica is unchanged), the replica
   // failed on any other error. The one place that posts data.
   // `now`: when it is posted (the caller's one clock read).
-  Status post_write_flush(uint64_t sequence, uint64_t offset, uint64_t length, bool may_wait,
+  Status post_write_flush(uint64_t sequence, std::span<const protocol::Range> ranges,
+                          std::optional<size_t> staged_at, bool may_wait,
                           std::chrono::steady_clock::time_point now);
+  // Posts the pending Commit alone (its receive slot awaited as
+  // await_credit(may_wait) does).
+  Status post_pending_commit(bool may_wait);
   // The pending Commit, encoded for a post_list; the caller posts it and
   // then calls committed().
   Result<transport::WorkRequest> encode_commit();
@@ -198,6 +219,8 @@ class Replica {
   alignas(64) std::array<std::byte, 64> flush_buffer_{};
   std::unique_ptr<transport::MemoryRegion> local_region_;
   std::unique_ptr<transport::MemoryRegion> flush_region_;
+  std::unique_ptr<transport::MemoryRegion> staging_region_;  // null without a snapshot buffer
+  std::vector<transport::WorkRequest> post_scratch_;  // post_write_flush's list, kept
 
   transport::RemoteKey remote_;
   uint64_t remote_size_ = 0;

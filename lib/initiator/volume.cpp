@@ -212,6 +212,7 @@ Result<std::unique_ptr<Volume>> Volume::Impl::open(const VolumeOptions& options,
   auto impl = std::make_unique<Impl>(options, std::move(local).value(), std::move(meta).value());
   VolumeCore& core = impl->core;
   core.lease = std::move(lease);  // before the first persist, and any other thread
+  PMIRROR_RETURN_IF_ERROR(core.staging.allocate(options.snapshot_buffer));
 
   auto sink = [](const supervisor::StateChange& change) {
     log::info("volume {}: replica {}: {} -> {}{}{}", change.volume, change.peer,
@@ -240,8 +241,8 @@ Result<std::unique_ptr<Volume>> Volume::Impl::open(const VolumeOptions& options,
     const ReplicaSpec& spec = impl->peers.all()[i]->spec;
     protocol::Lineage lineage = core.lineage(impl->peers.all()[i]->meta_index);
     pending.push_back(std::async(std::launch::async, [&spec, &core, lineage] {
-      return Replica::connect(
-          {core.options, spec, core.local->data(), core.local->size(), lineage});
+      return Replica::connect({core.options, spec, core.local->data(), core.local->size(),
+                               lineage, core.staging.base(), core.staging.capacity()});
     }));
   }
   // Every answer is waited for, but not a dead node's connect timeout once
@@ -430,6 +431,37 @@ Result<uint64_t> Volume::persist_async(uint64_t offset, uint64_t length) {
   }
   auto lock = app_lock(impl_->core);
   return impl_->pipeline.start(lock, offset, length);
+}
+
+Result<uint64_t> Volume::persist_async(std::span<const PersistRange> ranges,
+                                       std::span<const std::byte> snapshot) {
+  // The persist's ranges, without the empty ones; kept from call to call
+  // (no allocation once grown): only the thread holding the mutex uses it.
+  uint64_t bytes = 0;
+  for (const PersistRange& range : ranges) {
+    PMIRROR_RETURN_IF_ERROR(impl_->pipeline.check_range(range.offset, range.length));
+    bytes += range.length;
+  }
+  if (bytes == 0) return Status(Errc::kInvalidArgument, "persist_async of empty ranges only");
+  if (!snapshot.empty() || snapshot.data() != nullptr) {
+    if (impl_->core.staging.capacity() == 0) {
+      return Status(Errc::kFailedPrecondition,
+                    "volume '" + impl_->core.options.name +
+                        "' has no snapshot buffer: open it with VolumeOptions::snapshot_buffer");
+    }
+    if (snapshot.size() != bytes) {
+      return Status(Errc::kInvalidArgument,
+                    "a snapshot of " + std::to_string(snapshot.size()) + " bytes for ranges of " +
+                        std::to_string(bytes) + " bytes");
+    }
+  }
+  auto lock = app_lock(impl_->core);
+  std::vector<protocol::Range>& kept = impl_->ranges_scratch;
+  kept.clear();
+  for (const PersistRange& range : ranges) {
+    if (range.length > 0) kept.push_back(protocol::Range{range.offset, range.length});
+  }
+  return impl_->pipeline.start(lock, kept, snapshot);
 }
 
 Status Volume::wait(uint64_t sequence) {

@@ -29,6 +29,7 @@
 #include "failover/lease_file.h"
 #include "initiator/initiator.h"
 #include "initiator/session_reaper.h"
+#include "initiator/staging_buffer.h"
 #include "metadata/metadata.h"
 #include "protocol/protocol.h"
 #include "region/region.h"
@@ -104,6 +105,10 @@ struct VolumeCore {
   // (logged once) and is returned. With `mutex` held.
   Status check_lease(uint64_t now);
   SupervisorWakeup supervisor_wakeup;
+  // Snapshot persists' bytes (options.snapshot_buffer; empty without).
+  // Allocated at open, before any session registers it; then guarded by
+  // `mutex`. Declared before the reaper: it outlives every session.
+  StagingBuffer staging;
   // Last: destroyed first, ending dropped sessions while the local copy
   // they registered is still mapped.
   SessionReaper reaper;

@@ -130,12 +130,16 @@ std::unique_ptr<OpenVolume> FakeTargetsTest::make_volume(const VolumeOptions& o)
   EXPECT_TRUE(meta.ok()) << meta.status().to_string();
   if (!meta.ok()) return nullptr;
   EXPECT_TRUE((*meta)->new_generation().ok());
-  return std::make_unique<OpenVolume>(o, std::move(local).value(), std::move(meta).value());
+  auto made = std::make_unique<OpenVolume>(o, std::move(local).value(), std::move(meta).value());
+  Status staged = made->core.staging.allocate(o.snapshot_buffer);  // as Volume::open does
+  EXPECT_TRUE(staged.ok()) << staged.to_string();
+  return made;
 }
 
 std::unique_ptr<Replica> FakeTargetsTest::connect(const VolumeCore& core, size_t i) {
-  auto replica = Replica::connect(
-      {core.options, core.options.replicas[i], core.local->data(), core.local->size()});
+  auto replica = Replica::connect({core.options, core.options.replicas[i], core.local->data(),
+                                   core.local->size(), {}, core.staging.base(),
+                                   core.staging.capacity()});
   EXPECT_TRUE(replica.ok()) << replica.status().to_string();
   return replica.ok() ? std::move(replica).value() : nullptr;
 }
@@ -174,8 +178,10 @@ void FakeTargetsTest::open_volume(size_t replicas, const std::function<void(Volu
   for (const auto& spec : o.replicas) ASSERT_TRUE(volume_->peers.add(spec, sink).ok());
   std::vector<Result<std::unique_ptr<Replica>>> connected;
   for (size_t i = 0; i < replicas; ++i) {
-    connected.push_back(Replica::connect(
-        {o, o.replicas[i], volume_->core.local->data(), volume_->core.local->size()}));
+    connected.push_back(Replica::connect({o, o.replicas[i], volume_->core.local->data(),
+                                          volume_->core.local->size(), {},
+                                          volume_->core.staging.base(),
+                                          volume_->core.staging.capacity()}));
     ASSERT_TRUE(connected.back().ok()) << connected.back().status().to_string();
   }
   volume_->begin_sessions(connected);

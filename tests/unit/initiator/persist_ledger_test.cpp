@@ -14,7 +14,9 @@ using namespace std::chrono_literals;
 
 std::vector<uint64_t> unsettled(const PersistLedger& ledger) {
   std::vector<uint64_t> out;
-  ledger.for_each_unsettled([&](const InFlightPersist& p) { out.push_back(p.sequence); });
+  ledger.for_each_unsettled([&](uint64_t sequence, const protocol::Range&) {
+    if (out.empty() || out.back() != sequence) out.push_back(sequence);
+  });
   return out;
 }
 
@@ -35,6 +37,56 @@ TEST(PersistLedger, SequencesRiseAndAreAcknowledgedInOrder) {
   EXPECT_EQ(ledger.size(), 0u);
 }
 
+// A drain's ranges are one persist: one sequence, every range kept for
+// marking dirty, and a snapshot's bytes released when the record goes.
+TEST(PersistLedger, APersistOfSeveralRangesIsOneRecord) {
+  PersistLedger ledger;
+  const std::vector<protocol::Range> drain{{0, 64}, {4096, 8}, {65536, 512}};
+  EXPECT_EQ(ledger.start(drain, /*staged_end=*/584), 1u);
+  const std::vector<protocol::Range> next{{128, 8}};
+  EXPECT_EQ(ledger.start(next, /*staged_end=*/592), 2u);
+  std::vector<std::pair<uint64_t, uint64_t>> seen;
+  ledger.for_each_unsettled([&](uint64_t sequence, const protocol::Range& r) {
+    seen.emplace_back(sequence, r.offset);
+  });
+  EXPECT_EQ(seen, (std::vector<std::pair<uint64_t, uint64_t>>{{1, 0}, {1, 4096}, {1, 65536}, {2, 128}}));
+  ledger.posted(0, 1, Clock::now());
+  ledger.posted(0, 2, Clock::now());
+  ledger.settle(2);
+  EXPECT_EQ(ledger.staging_released(), 0u) << "posted to replica 0 and not completed there";
+  ASSERT_TRUE(ledger.complete(0, 1, "test").ok());
+  EXPECT_EQ(ledger.staging_released(), 584u);
+  ASSERT_EQ(ledger.size(), 1u);
+  EXPECT_EQ(ledger.ranges(*ledger.oldest_pending(0)).size(), 1u);
+  EXPECT_EQ(ledger.ranges(*ledger.oldest_pending(0))[0].offset, 128u);
+  ASSERT_TRUE(ledger.complete(0, 2, "test").ok());
+  EXPECT_EQ(ledger.staging_released(), 592u);
+  EXPECT_EQ(ledger.size(), 0u);
+}
+
+// The range store is trimmed with the records: a long stream keeps each
+// persist's own ranges.
+TEST(PersistLedger, RangesFollowTheirRecordsThroughTrimming) {
+  PersistLedger ledger;
+  for (uint64_t i = 1; i <= 1000; ++i) {
+    const std::vector<protocol::Range> ranges{{i * 4096, i}, {i * 4096 + 64, 1}};
+    ASSERT_EQ(ledger.start(ranges), i);
+    ledger.posted(0, i, Clock::now());
+    ledger.settle(i);
+    if (i > 3) {
+      ASSERT_TRUE(ledger.complete(0, i - 3, "test").ok());
+      const InFlightPersist* oldest = ledger.oldest_pending(0);
+      ASSERT_NE(oldest, nullptr);
+      ASSERT_EQ(oldest->sequence, i - 2);
+      auto kept = ledger.ranges(*oldest);
+      ASSERT_EQ(kept.size(), 2u);
+      EXPECT_EQ(kept[0].offset, (i - 2) * 4096);
+      EXPECT_EQ(kept[0].length, i - 2);
+      EXPECT_EQ(kept[1].offset, (i - 2) * 4096 + 64);
+    }
+  }
+}
+
 TEST(PersistLedger, ContinuesAfterWhatAReplicaRecorded) {
   PersistLedger ledger;
   ledger.continue_after(41);
@@ -50,7 +102,7 @@ TEST(PersistLedger, UnsettledPersistsKeepTheirRanges) {
   ledger.start(16384, 300);
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   ledger.for_each_unsettled(
-      [&](const InFlightPersist& p) { ranges.emplace_back(p.offset, p.length); });
+      [&](uint64_t, const protocol::Range& r) { ranges.emplace_back(r.offset, r.length); });
   EXPECT_EQ(ranges,
             (std::vector<std::pair<uint64_t, uint64_t>>{{0, 100}, {8192, 200}, {16384, 300}}));
   ledger.settle(2);

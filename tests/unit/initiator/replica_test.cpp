@@ -43,17 +43,15 @@ class ReplicaTest : public FakeTargetsTest {
                        [&](std::byte b) { return b == byte; });
   }
 
-  // Posts persists without waiting until the target has no receive slot
-  // left (the fabric runs nothing meanwhile); returns how many went.
-  uint64_t exhaust_credits() {
-    fabric().set_manual(true);
-    uint64_t posted = 0;
-    while (replica_->has_credit()) {
-      uint64_t sequence = store(posted * 64, 64, std::byte{1});
-      EXPECT_TRUE(replica_->post_persist(sequence, posted * 64, 64, /*may_wait=*/false).ok());
-      ++posted;
-    }
-    return posted;
+  void several_ranges_land_whole() {
+    std::vector<protocol::Range> ranges{{4096, 100}, {65536, 8}, {300000, 4000}};
+    for (const auto& r : ranges) std::memset(core_->local->data() + r.offset, 7, r.length);
+    uint64_t sequence = ledger_.start(ranges);
+    ASSERT_TRUE(replica_->post_persist(sequence, ranges).ok());
+    ASSERT_TRUE(replica_->wait_for(sequence).ok());
+    EXPECT_EQ(replica_->done_upto(), sequence);
+    for (const auto& r : ranges) EXPECT_TRUE(target_holds(r.offset, r.length, std::byte{7}));
+    EXPECT_TRUE(target_holds(4196, 8, std::byte{0})) << "nothing between the ranges";
   }
 
   // Posts `count` persists of `length` bytes of `byte`, `stride` apart from
@@ -215,32 +213,64 @@ TEST_F(ReplicaTest, GpspmResyncCopyIsAWriteAndAPersistRequest) {
   copy_and_check();
 }
 
-// (Under GPSPM every persist takes a receive slot: under APM only a
-// Commit, for many persists.)
-TEST_F(ReplicaTest, WithoutWaitingAFullTargetRefusesAndNothingIsPosted) {
+// GPSPM keeps the order of persists by waiting (docs/protocol.md,
+// "Ordering"): the target's CPU persists a persist's ranges when its
+// PersistRequest arrives, and the next one's Writes must not be placed
+// before that. Without waiting, the next persist is refused and nothing of
+// it is posted; waiting, it goes once the one before is durable.
+TEST_F(ReplicaTest, UnderGpspmAPersistWaitsForTheOneBeforeIt) {
   open(config::ApmPolicy::kOff);
-  uint64_t posted = exhaust_credits();
-  EXPECT_GT(posted, 0u);
-  uint64_t sequence = store(1 << 19, 64, std::byte{2});
+  ASSERT_FALSE(replica_->uses_apm());
+  fabric().set_manual(true);
+  uint64_t first = store(0, 64, std::byte{1});
+  ASSERT_TRUE(replica_->post_persist(first, 0, 64, /*may_wait=*/false).ok());
+  uint64_t second = store(1 << 19, 64, std::byte{2});
   size_t queued = fabric().pending();
-  Status refused = replica_->post_persist(sequence, 1 << 19, 64, /*may_wait=*/false);
+  Status refused = replica_->post_persist(second, 1 << 19, 64, /*may_wait=*/false);
   EXPECT_EQ(refused.code(), Errc::kResourceExhausted) << refused.to_string();
-  EXPECT_NE(refused.message().find("has no free receive slot: " + std::to_string(posted) +
-                                   " persists unacknowledged"),
-            std::string::npos)
+  EXPECT_NE(refused.message().find("its previous persist is not durable yet"), std::string::npos)
       << refused.message();
   EXPECT_FALSE(replica_->failed());
   EXPECT_EQ(fabric().pending(), queued) << "nothing of the refused persist was posted";
-  EXPECT_FALSE(ledger_.is_pending(0, sequence));
-  // The same wait refuses a generation update.
-  EXPECT_EQ(replica_->post_generation(42, true).code(), Errc::kResourceExhausted);
-  // Once the target answers, credits come back and persists go again.
+  EXPECT_FALSE(ledger_.is_pending(0, second));
+  EXPECT_FALSE(target_holds(1 << 19, 64, std::byte{2}));
   fabric().set_manual(false);
-  ASSERT_TRUE(replica_->drain().ok());
-  EXPECT_EQ(replica_->done_upto(), posted);
-  ASSERT_TRUE(replica_->post_persist(sequence, 1 << 19, 64, /*may_wait=*/true).ok());
-  ASSERT_TRUE(replica_->wait_for(sequence).ok());
+  ASSERT_TRUE(replica_->post_persist(second, 1 << 19, 64, /*may_wait=*/true).ok());
+  EXPECT_EQ(replica_->done_upto(), first) << "the first was durable before the second went";
+  ASSERT_TRUE(replica_->wait_for(second).ok());
+  EXPECT_TRUE(target_holds(0, 64, std::byte{1}));
   EXPECT_TRUE(target_holds(1 << 19, 64, std::byte{2}));
+}
+
+// A persist of several ranges is one persist: one sequence, the Writes of
+// every range, one flush.
+TEST_F(ReplicaTest, APersistOfSeveralRangesLandsWholeUnderApm) {
+  open(config::ApmPolicy::kOn);
+  ASSERT_TRUE(replica_->uses_apm());
+  several_ranges_land_whole();
+}
+
+TEST_F(ReplicaTest, APersistOfSeveralRangesLandsWholeUnderGpspm) {
+  open(config::ApmPolicy::kOff);
+  ASSERT_FALSE(replica_->uses_apm());
+  several_ranges_land_whole();
+}
+
+TEST_F(ReplicaTest, UnderGpspmWaitingForThePersistBeforeGivesUpAfterTheOperationTimeout) {
+  open(config::ApmPolicy::kOff, 300ms);
+  fabric().set_manual(true);
+  uint64_t first = store(0, 64, std::byte{1});
+  ASSERT_TRUE(replica_->post_persist(first, 0, 64, /*may_wait=*/false).ok());
+  uint64_t second = store(4096, 64, std::byte{2});
+  Status waited = replica_->post_persist(second, 4096, 64, /*may_wait=*/true);
+  EXPECT_EQ(waited.code(), Errc::kTimeout) << waited.to_string();
+  EXPECT_NE(waited.message().find("persist " + std::to_string(first) +
+                                  " not acknowledged within 300 ms"),
+            std::string::npos)
+      << waited.message();
+  EXPECT_TRUE(replica_->failed());
+  // Failed: every later call says why, without waiting.
+  EXPECT_EQ(replica_->verify_chunks(0, 4096, 4096).status().code(), Errc::kTimeout);
 }
 
 // A heartbeat never queues a Ping behind an outstanding operation (Soft-RoCE
@@ -273,19 +303,6 @@ TEST_F(ReplicaTest, AHeartbeatWaitsUntilNothingIsOutstanding) {
   fabric().run_until_idle();
   EXPECT_TRUE(resync_finishes());
   EXPECT_TRUE(target_holds(65536, 4096, std::byte{0x44}));
-}
-
-TEST_F(ReplicaTest, WaitingForACreditGivesUpAfterTheOperationTimeout) {
-  open(config::ApmPolicy::kOff, 300ms);
-  exhaust_credits();
-  Status copy = replica_->post_resync(0, 4096);
-  EXPECT_EQ(copy.code(), Errc::kTimeout) << copy.to_string();
-  EXPECT_NE(copy.message().find("the target returned no receive credit within 300 ms"),
-            std::string::npos)
-      << copy.message();
-  EXPECT_TRUE(replica_->failed());
-  // Failed: every later call says why, without waiting.
-  EXPECT_EQ(replica_->verify_chunks(0, 4096, 4096).status().code(), Errc::kTimeout);
 }
 
 }  // namespace
