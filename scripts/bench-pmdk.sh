@@ -17,7 +17,9 @@
 # program times every transaction itself, the same way (clock_gettime
 # (CLOCK_MONOTONIC) before the transaction and after its log write; p50 and
 # p99 by nearest rank) and prints "transactions_per_s=R p50_us=A p99_us=B".
-# The order of the four ways rotates from round to round. Files on /dev/shm
+# The order of the four ways changes from round to round (a balanced Latin
+# square: over 4 rounds each way runs once in each place and once right after
+# each other way). Files on /dev/shm
 # with PMEM_IS_PMEM_FORCE=1, so that libpmem flushes CPU caches as on pmem
 # instead of calling msync (a disk's msync would hide everything else).
 # Prints each round (with the load average), then the medians over rounds,
@@ -33,6 +35,8 @@
 #                                 two volumes (default: files in the work folder;
 #                                 the lab: /dev/dax1.0,/dev/dax2.0)
 #   PMIRROR_BENCH_PMDK_TSV        also append one row per (round, way) to this file
+#   PMIRROR_BENCH_PMDK_KEEP=1     keep the work folder (each way's stderr, pmirrord's log)
+#   PMIRROR_BENCH_PMDK_LOG_LEVEL  pmirror-run --log-level (default: its own, warn)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 rounds=${1:-5}
@@ -53,7 +57,7 @@ work=$(mktemp -d "${PMIRROR_BENCH_PMDK_DIR:-/dev/shm}/pmirror-bench-pmdk.XXXXXX"
 daemon_pid=
 cleanup() {
   [[ -n $daemon_pid ]] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
-  rm -rf "$work"
+  [[ -n ${PMIRROR_BENCH_PMDK_KEEP:-} ]] || rm -rf "$work"
 }
 trap cleanup EXIT
 # The binaries run from a copy: a build in the shared build folder during
@@ -118,7 +122,8 @@ way() {
   case $1 in
     plain) "$counters" bench "$work/plain.pool" "$2" "$log" ;;
     drain | observed)
-      "$run" --config "$work/cluster.yaml" --volume pool --node app --durability "$1" -- \
+      "$run" --config "$work/cluster.yaml" --volume pool --node app --durability "$1" \
+        ${PMIRROR_BENCH_PMDK_LOG_LEVEL:+--log-level "$PMIRROR_BENCH_PMDK_LOG_LEVEL"} -- \
         "$counters" bench "$work/pool" "$2" "$log"
       ;;
     rewritten)
@@ -133,6 +138,7 @@ way() {
   fi
 }
 ways=(plain drain observed rewritten)
+latin=("0 1 3 2" "1 2 0 3" "2 3 1 0" "3 0 2 1")
 
 # Warm-up, not counted: the volumes' first open copies them whole to the
 # replica (a new copy), which would weigh on the first round.
@@ -144,9 +150,11 @@ field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" <<<"$2"; }
 declare -A results
 loads=""
 for round in $(seq "$rounds"); do
-  # Rotate the order: no way always runs first (or right after another).
+  # The order of round r is row (r-1) mod 4 of a balanced Latin square:
+  # over 4 rounds each way runs once in each place and right after each
+  # other way once (a plain rotation would always run observed after drain).
   order=()
-  for i in "${!ways[@]}"; do order+=("${ways[$(((i + round - 1) % ${#ways[@]}))]}"); done
+  for i in ${latin[$(((round - 1) % 4))]}; do order+=("${ways[$i]}"); done
   declare -A line=()
   building_before=0
   pgrep -x ninja >/dev/null && building_before=1
