@@ -32,6 +32,21 @@
 #   scripts/lab/bench.sh --resync [BUILD_DIR]
 #   scripts/lab/bench.sh --resync --summarize RESULTS_DIR
 #
+# With --pmdk (first argument) it runs scripts/lab/tests/guest-pmdk-bench.sh
+# instead: scripts/bench-pmdk.sh over rdma (issue 25), a small libpmemobj
+# transaction and its 1-line log write plain, under pmirror-run --durability
+# drain and --durability observed, and rewritten for libpmirror, in the same
+# rounds; the replica's copies on devdax (/dev/dax1.0 and /dev/dax2.0, APM),
+# the primary's pools in the guest's /dev/shm. Needs daemon/pmirror-run,
+# daemon/pmirrord, examples/pmemobj-counters, bench/pmirror-counters-bench
+# and lib/preload/libpmirror-preload.so in the build folder. The guest boots
+# with `clocksource=tsc tsc=reliable` unless PMIRROR_LAB_KARGS is set. Knobs
+# PMIRROR_LAB_PMDK_ROUNDS (default 5), PMIRROR_LAB_PMDK_COUNT (transactions per
+# way and round, default 2000); NVDIMM set "bench" unless PMIRROR_LAB_BENCH_NODE
+# is set.
+#   scripts/lab/bench.sh --pmdk [BUILD_DIR]
+#   scripts/lab/bench.sh --pmdk --summarize RESULTS_DIR
+#
 # Environment:
 #   PMIRROR_LAB_BENCH_OUT     results folder (default bench/results/lab-<date>-<host>)
 #   PMIRROR_LAB_BENCH_ROUNDS  rounds (default 5)
@@ -184,14 +199,27 @@ summarize_resync() {
   cat "$dir/summary-head.txt" "$dir/summary.txt" > "$dir/summary.tmp" && mv "$dir/summary.tmp" "$dir/summary.txt"
   rm -f "$dir/summary-head.txt"
 }
+# summarize_pmdk OUT_DIR: the facts and scripts/bench-pmdk.sh's own summary
+# (it printed it in the guest) to stdout.
+summarize_pmdk() {
+  local dir=$1
+  cat "$dir/host.txt" "$dir/guest-versions.txt" 2>/dev/null | grep -v '^$'
+  echo
+  sed -n '/^medians over/,$p' "$dir/summary.txt"
+}
 mode=latency
 if [[ ${1:-} == --resync ]]; then
   mode=resync
+  shift
+elif [[ ${1:-} == --pmdk ]]; then
+  mode=pmdk
   shift
 fi
 if [[ ${1:-} == --summarize ]]; then
   if [[ $mode == resync ]]; then
     summarize_resync "${2:?usage: bench.sh --resync --summarize RESULTS_DIR}"
+  elif [[ $mode == pmdk ]]; then
+    summarize_pmdk "${2:?usage: bench.sh --pmdk --summarize RESULTS_DIR}"
   else
     summarize "${2:?usage: bench.sh --summarize RESULTS_DIR}"
   fi
@@ -200,15 +228,26 @@ fi
 
 build=${1:-${PMIRROR_BUILD_DIR:-$repo/build}}
 build=$(cd "$build" && pwd) || { echo "bench.sh: no build folder $build" >&2; exit 1; }
-for f in daemon/pmirrord bench/pmirror-bench; do
-  [[ -x $build/$f ]] || { echo "bench.sh: $build/$f missing (build first, e.g. scripts/build.sh)" >&2; exit 1; }
+if [[ $mode == pmdk ]]; then
+  needed=(daemon/pmirrord daemon/pmirror-run examples/pmemobj-counters bench/pmirror-counters-bench
+          lib/preload/libpmirror-preload.so)
+else
+  needed=(daemon/pmirrord bench/pmirror-bench)
+fi
+for f in "${needed[@]}"; do
+  [[ -e $build/$f ]] || { echo "bench.sh: $build/$f missing (build first, e.g. scripts/build.sh)" >&2; exit 1; }
 done
 if [[ $mode == latency && ! -x $build/bench/rpma-write-flush ]]; then
   echo "bench.sh: warning: $build/bench/rpma-write-flush missing: no librpma-flush comparator in this run" \
     "(install librpma-dev, e.g. scripts/lab/setup.sh, reconfigure and build the target rpma-write-flush)" >&2
 fi
-"$build/bench/pmirror-bench" --help | grep -q -- --target-volume ||
-  { echo "bench.sh: $build/bench/pmirror-bench has no --target-volume (rebuild)" >&2; exit 1; }
+if [[ $mode == pmdk ]]; then
+  "$build/daemon/pmirror-run" --help | grep -q -- --durability ||
+    { echo "bench.sh: $build/daemon/pmirror-run has no --durability (rebuild)" >&2; exit 1; }
+else
+  "$build/bench/pmirror-bench" --help | grep -q -- --target-volume ||
+    { echo "bench.sh: $build/bench/pmirror-bench has no --target-volume (rebuild)" >&2; exit 1; }
+fi
 if [[ $mode == resync ]]; then
   "$build/bench/pmirror-bench" --help | grep -q -- --scenario ||
     { echo "bench.sh: $build/bench/pmirror-bench has no --scenario (rebuild)" >&2; exit 1; }
@@ -218,6 +257,14 @@ stamp=$(date +%Y%m%d-%H%M%S)-$(hostname -s)
 if [[ $mode == resync ]]; then
   out=${PMIRROR_LAB_BENCH_OUT:-$repo/bench/results/lab-$stamp-resync}
   node=${PMIRROR_LAB_BENCH_NODE:-resync}
+elif [[ $mode == pmdk ]]; then
+  out=${PMIRROR_LAB_BENCH_OUT:-$repo/bench/results/lab-$stamp-pmdk}
+  node=${PMIRROR_LAB_BENCH_NODE:-bench}
+  # The guest's clock: TSC, not the slow emulated HPET/ACPI PM timer that
+  # every clock_gettime would otherwise read under TCG.
+  export PMIRROR_LAB_KARGS=${PMIRROR_LAB_KARGS-clocksource=tsc tsc=reliable}
+  export PMIRROR_LAB_PMDK_ROUNDS=${PMIRROR_LAB_PMDK_ROUNDS:-5}
+  export PMIRROR_LAB_PMDK_COUNT=${PMIRROR_LAB_PMDK_COUNT:-2000}
 else
   out=${PMIRROR_LAB_BENCH_OUT:-$repo/bench/results/lab-$stamp}
   node=${PMIRROR_LAB_BENCH_NODE:-bench}
@@ -241,11 +288,16 @@ export PMIRROR_LAB_BENCH_GPSPM=${PMIRROR_LAB_BENCH_GPSPM:-0}
   echo "commit=$(git -C "$repo" describe --always --dirty 2>/dev/null || echo unknown)"
   echo "build=$build"
   echo "host_load_before=$(cut -d' ' -f1-3 /proc/loadavg)"
+  [[ $mode == pmdk ]] && echo "guest_kargs=${PMIRROR_LAB_KARGS:-}"
 } > "$out/host.txt"
 cat "$out/host.txt"
 
-# Host load every 10 s while the guest runs (TCG slows down with it).
-(while :; do echo "$(date +%s) $(cut -d' ' -f1 /proc/loadavg)"; sleep 10; done) > "$out/host-load.log" &
+# Host load every 10 s while the guest runs (TCG slows down with it), and
+# "build" when a ninja runs on the host then (a build of the shared tree).
+(while :; do
+  echo "$(date +%s) $(cut -d' ' -f1 /proc/loadavg)$(pgrep -x ninja > /dev/null && echo ' build')"
+  sleep 10
+done) > "$out/host-load.log" &
 sampler=$!
 trap 'kill "$sampler" 2>/dev/null || true' EXIT
 
@@ -256,6 +308,13 @@ if [[ $mode == resync ]]; then
   PMIRROR_LAB_TIMING=1 "$repo/scripts/lab/run.sh" --nvdimm --node "$node" --rw "$out" \
     --timeout "${PMIRROR_LAB_BENCH_TIMEOUT:-1500}" -- \
     "$repo/scripts/lab/tests/guest-resync-bench.sh" "$build" "$out" 2>&1 | tee "$out/guest.log" ||
+    status=$?
+elif [[ $mode == pmdk ]]; then
+  # Two devdax: one per volume (the libpmemobj pool's copy, the rewritten
+  # program's copy). run.sh passes every PMIRROR_* variable into the guest.
+  PMIRROR_LAB_TIMING=1 "$repo/scripts/lab/run.sh" --nvdimms 3 --node "$node" --rw "$out" \
+    --timeout "${PMIRROR_LAB_BENCH_TIMEOUT:-1500}" -- \
+    "$repo/scripts/lab/tests/guest-pmdk-bench.sh" "$build" "$out" 2>&1 | tee "$out/guest.log" ||
     status=$?
 else
 PMIRROR_LAB_TIMING=1 "$repo/scripts/lab/run.sh" --nvdimms 3 --node "$node" --rw "$out" \
@@ -268,7 +327,7 @@ fi
 kill "$sampler" 2>/dev/null || true
 {
   echo "host_load_after=$(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "host_load_during=$(awk '{s += $2; n++; if ($2 > m) m = $2} END {if (n) printf "mean %.1f, max %.1f (%d samples)", s / n, m, n}' "$out/host-load.log")"
+  echo "host_load_during=$(awk '{s += $2; n++; if ($2 > m) m = $2; if ($3 == "build") b++} END {if (n) printf "mean %.1f, max %.1f (%d samples, %d with a host build running)", s / n, m, n, b}' "$out/host-load.log")"
   echo "wall_s=$(($(date +%s) - started))"
 } >> "$out/host.txt"
 if [[ $mode == resync ]]; then
@@ -278,6 +337,16 @@ if [[ $mode == resync ]]; then
     exit "$status"
   fi
   summarize_resync "$out"
+  exit
+fi
+if [[ $mode == pmdk ]]; then
+  if [[ $status != 0 || ! -s $out/summary.txt ]]; then
+    echo "bench.sh: the guest run failed (status $status); see $out/guest.log" >&2
+    [[ $status == 0 ]] && status=1
+    exit "$status"
+  fi
+  echo
+  summarize_pmdk "$out"
   exit
 fi
 if [[ $status != 0 || ! -s $out/rounds.tsv ]]; then
