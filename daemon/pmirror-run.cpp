@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
       "unmodified (pmirror-run(1))"};
   std::string config_path = pmirror::kDefaultClusterFile;
   std::string volume, node, identity, log_level;
+  std::string durability = "observed";
   std::vector<std::string> command;
   app.add_option("-c,--config", config_path, "the cluster configuration file")
       ->capture_default_str();
@@ -63,6 +64,12 @@ int main(int argc, char** argv) {
                  "entry)");
   app.add_option("--log-level", log_level, "libpmirror's messages: warn (default), info, debug")
       ->check(CLI::IsMember({"warn", "info", "debug"}));
+  app.add_option("--durability", durability,
+                 "when the program waits for the replicas: observed (default: a drain is "
+                 "ordered, and the program waits before its state can be seen outside it: a "
+                 "write, send, fsync, rename, exit, ...) or drain (every drain waits)")
+      ->check(CLI::IsMember({"observed", "drain"}))
+      ->capture_default_str();
   app.add_option("command", command, "the program and its arguments (after --)")->required();
   app.set_version_flag("-V,--version", "pmirror-run " PMIRROR_VERSION_STRING);
   try {
@@ -126,6 +133,7 @@ int main(int argc, char** argv) {
   ::setenv("PMIRROR_RUN_NODE", me->c_str(), 1);
   ::setenv("PMIRROR_RUN_IDENTITY", identity.c_str(), 1);
   ::setenv("PMIRROR_RUN_PATH", path->second.c_str(), 1);
+  ::setenv("PMIRROR_RUN_DURABILITY", durability.c_str(), 1);
   if (!log_level.empty()) ::setenv("PMIRROR_RUN_LOG_LEVEL", log_level.c_str(), 1);
 
   std::vector<char*> args;

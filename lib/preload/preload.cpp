@@ -12,6 +12,12 @@
 #include <dlfcn.h>
 #include <libpmem.h>
 #include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -128,6 +134,11 @@ uint64_t g_volume_size = 0;
 // here read '' in the abort message).
 char g_volume_name[256] = "";
 bool g_forked_child = false;  // a fork's child: its parent's volume is not its own
+// --durability observed (the default): a drain is ordered, not waited
+// for; the program waits before its state can be seen outside it
+// (docs/pmdk.md, section 5). false: --durability drain, every drain waits.
+bool g_observed = false;
+const std::byte* g_local_base = nullptr;  // libpmirror's own mapping of the local copy
 bool g_verbose = false;       // --log-level info or debug: say what the close settled
 // The program may have written the local copy since the last settle (it
 // mapped it): settle_unpersisted has work at exit.
@@ -230,6 +241,7 @@ struct PendingGroup {
 __attribute__((tls_model("initial-exec"))) thread_local PendingGroup t_pending{};
 
 [[noreturn]] void stop_program(const pmirror::Status& why) {
+  t_inside = true;  // its message is no observation point to wait at
   std::fprintf(stderr,
                "pmirror-run: volume '%s': a persist could not be mirrored: %s. Stopping the "
                "program: libpmem's drain has no error return, and going on would let it take "
@@ -288,6 +300,46 @@ struct MirrorState {
   bool worker_asleep = false;  // guarded by mutex: notify only then
   std::thread worker;
 };
+
+// ---- observed mode: drains handed over as snapshots ------------------------------
+//
+// A drain copies the bytes of its group (from the local copy, just
+// drained) into an epoch and returns; the mirroring thread starts each
+// epoch as one persist carrying those bytes (Volume::persist_async with a
+// snapshot), in hand-over order -- so the replicas see the program's
+// drains in order, and get what each drain made durable even though the
+// program goes on storing to the same bytes. A point where the program's
+// state can be seen outside it (observe_point) waits until every epoch
+// handed over before it is durable on the replicas the ack policy needs.
+constexpr uint64_t kSnapshotBuffer = 4ull << 20;  // libpmirror's, and what epochs may hold
+// A drain of more than this is mirrored the old way: the program waits
+// (the epochs before it first), and the replicas read the mapping.
+constexpr uint64_t kMaxSnapshotDrain = kSnapshotBuffer / 4;
+constexpr uint64_t kEpochSlots = 256;
+
+struct Epoch {
+  std::vector<pmirror::PersistRange> ranges;
+  std::vector<std::byte> bytes;
+};
+
+// Guarded by MirrorState::mutex, except the atomics.
+struct ObservedState {
+  Epoch slots[kEpochSlots];
+  uint64_t produced = 0;       // epochs handed over (epoch n is slots[n % kEpochSlots])
+  uint64_t consumed = 0;       // epochs started as persists (their bytes copied)
+  uint64_t pending_bytes = 0;  // bytes of epochs handed over and not started
+  std::condition_variable room;     // a slot or bytes freed
+  std::condition_variable durable;  // `durable_epochs` moved, or failed
+  std::atomic<uint64_t> handed{0};          // == produced
+  std::atomic<uint64_t> durable_epochs{0};  // epochs durable on the replicas
+  std::atomic<bool> sync_wanted{false};     // a thread waits at an observation point
+  std::atomic<bool> failed{false};
+  pmirror::Status failure;  // why, once failed
+};
+ObservedState& observed() {
+  static ObservedState* const made = new ObservedState;  // never deleted, as state()
+  return *made;
+}
 MirrorState& state() {
   static MirrorState* const made = new MirrorState;  // deliberately never deleted
   return *made;
@@ -384,19 +436,83 @@ void settle_unpersisted() {
   }
 }
 
+// Starts the epochs handed over, in order, as long as more come (a
+// transaction's drains come a few microseconds apart) and nobody waits at
+// an observation point; then waits until they are durable and says so.
+// With the mutex held on entry and exit.
+void mirror_epochs(std::unique_lock<std::mutex>& lock) {
+  MirrorState& st = state();
+  ObservedState& ob = observed();
+  uint64_t last_sequence = 0;
+  pmirror::Status failed;
+  while (true) {
+    while (ob.consumed < ob.produced) {
+      Epoch& epoch = ob.slots[ob.consumed % kEpochSlots];
+      lock.unlock();
+      if (failed.ok()) {
+        auto started = st.volume->persist_async(epoch.ranges, epoch.bytes);
+        if (started.ok()) {
+          last_sequence = *started;
+        } else {
+          failed = started.status();
+        }
+      }
+      lock.lock();
+      ob.pending_bytes -= epoch.bytes.size();
+      if (epoch.bytes.capacity() > (256u << 10)) std::vector<std::byte>().swap(epoch.bytes);
+      ++ob.consumed;
+      ob.room.notify_all();
+    }
+    if (!failed.ok()) break;
+    lock.unlock();
+    bool more = spin_until([&] {
+      return ob.handed.load(std::memory_order_acquire) != ob.consumed ||
+             ob.sync_wanted.load(std::memory_order_acquire);
+    });
+    lock.lock();
+    if (!more || ob.consumed == ob.produced) break;
+  }
+  const uint64_t upto = ob.consumed;
+  ob.sync_wanted.store(false, std::memory_order_relaxed);
+  lock.unlock();
+  if (failed.ok() && last_sequence != 0) failed = st.volume->wait(last_sequence);
+  g_unsettled.store(true, std::memory_order_relaxed);
+  g_mirrored.store(true, std::memory_order_relaxed);
+  lock.lock();
+  if (!failed.ok()) {
+    // The program stops at its next drain or observation point: nothing
+    // it does after this can be seen outside it.
+    if (!ob.failed.load(std::memory_order_relaxed)) ob.failure = failed;
+    ob.failed.store(true, std::memory_order_release);
+  } else {
+    ob.durable_epochs.store(upto, std::memory_order_release);
+  }
+  ob.durable.notify_all();
+}
+
 void worker_loop() {
   t_inside = true;  // everything this thread does is pmirror's own
   MirrorState& st = state();
+  ObservedState& ob = observed();
   std::vector<MirrorRequest*> batch;
   std::unique_lock lock(st.mutex);
   while (true) {
-    if (st.requests.empty() && !st.stop && !st.settle) {
+    if (st.requests.empty() && !st.stop && !st.settle && ob.consumed == ob.produced) {
       lock.unlock();
-      spin_until([&] { return st.queued.load(std::memory_order_acquire) != 0; });
+      spin_until([&] {
+        return st.queued.load(std::memory_order_acquire) != 0 ||
+               ob.handed.load(std::memory_order_acquire) != ob.consumed;
+      });
       lock.lock();
       st.worker_asleep = true;
-      st.wake.wait(lock, [&] { return st.stop || st.settle || !st.requests.empty(); });
+      st.wake.wait(lock, [&] {
+        return st.stop || st.settle || !st.requests.empty() || ob.consumed != ob.produced;
+      });
       st.worker_asleep = false;
+    }
+    if (ob.consumed != ob.produced) {
+      mirror_epochs(lock);
+      continue;
     }
     if (st.requests.empty()) {
       // The pool closed, or the program exits: settle what it left, once.
@@ -437,9 +553,49 @@ void pool_closed() {
   if (st.worker_asleep) st.wake.notify_one();
 }
 
+void observe_point();
+[[noreturn]] void stop_program(const pmirror::Status& why);
+
+// Observed mode: the group becomes the next epoch (false: it is too large
+// for a snapshot, and is mirrored the waiting way).
+bool hand_over(PendingGroup& group) {
+  uint64_t total = 0;
+  for (int i = 0; i < group.count; ++i) total += group.length[i];
+  if (total > kMaxSnapshotDrain) return false;
+  MirrorState& st = state();
+  ObservedState& ob = observed();
+  if (ob.failed.load(std::memory_order_acquire)) stop_program(ob.failure);
+  std::unique_lock lock(st.mutex);
+  ob.room.wait(lock, [&] {
+    return ob.produced - ob.consumed < kEpochSlots &&
+           ob.pending_bytes + total <= kSnapshotBuffer;
+  });
+  Epoch& epoch = ob.slots[ob.produced % kEpochSlots];
+  epoch.ranges.resize(static_cast<size_t>(group.count));
+  epoch.bytes.resize(total);
+  uint64_t at = 0;
+  for (int i = 0; i < group.count; ++i) {
+    epoch.ranges[i] = pmirror::PersistRange{group.offset[i], group.length[i]};
+    std::memcpy(epoch.bytes.data() + at, g_local_base + group.offset[i], group.length[i]);
+    at += group.length[i];
+  }
+  ++ob.produced;
+  ob.pending_bytes += total;
+  ob.handed.store(ob.produced, std::memory_order_release);
+  if (st.worker_asleep) st.wake.notify_one();
+  return true;
+}
+
 void mirror_pending() {
   PendingGroup& group = t_pending;
   if (group.count == 0) return;
+  if (g_observed) {
+    if (hand_over(group)) {
+      group.count = 0;
+      return;
+    }
+    observe_point();  // the epochs before it are durable first: it goes in order
+  }
   MirrorRequest request;
   request.group = &group;
   {
@@ -499,6 +655,32 @@ void drain_here() {
   if (mirroring()) mirror_pending();
 }
 
+// Observed mode: the program's state may be seen outside it next (a
+// write, a send, an fsync, an exit, ...): wait until every drain handed
+// over before now is durable on the replicas the ack policy needs.
+// pmirror's own threads (and those they start) pass.
+void observe_point() {
+  if (!g_observed || t_inside || g_forked_child || !g_watching.load(std::memory_order_acquire)) {
+    return;
+  }
+  ObservedState& ob = observed();
+  const uint64_t target = ob.handed.load(std::memory_order_acquire);
+  auto done = [&] {
+    return ob.durable_epochs.load(std::memory_order_acquire) >= target ||
+           ob.failed.load(std::memory_order_acquire);
+  };
+  if (!done()) {
+    MirrorState& st = state();
+    ob.sync_wanted.store(true, std::memory_order_release);
+    if (!spin_until(done)) {
+      std::unique_lock lock(st.mutex);
+      if (st.worker_asleep) st.wake.notify_one();
+      ob.durable.wait(lock, done);
+    }
+  }
+  if (ob.failed.load(std::memory_order_acquire)) stop_program(ob.failure);
+}
+
 // ---- start and end ----------------------------------------------------------------
 
 std::string take_env(const char* name) {
@@ -541,6 +723,7 @@ __attribute__((constructor)) void start_mirroring() {
   std::string identity = take_env("PMIRROR_RUN_IDENTITY");
   std::string path = take_env("PMIRROR_RUN_PATH");
   std::string log_level = take_env("PMIRROR_RUN_LOG_LEVEL");
+  std::string durability = take_env("PMIRROR_RUN_DURABILITY");
   leave_children_alone();
   if (config.empty() || volume.empty()) return;  // not under pmirror-run: forward only
   std::snprintf(g_volume_name, sizeof g_volume_name, "%s", volume.c_str());
@@ -548,12 +731,16 @@ __attribute__((constructor)) void start_mirroring() {
   pmirror::set_log_threshold(log_level == "debug"  ? pmirror::LogLevel::kDebug
                              : log_level == "info" ? pmirror::LogLevel::kInfo
                                                    : pmirror::LogLevel::kWarn);
-  pthread_atfork(nullptr, nullptr, [] { g_forked_child = true; });
+  // A child could show what its parent's state was: the fork waits.
+  pthread_atfork([] { observe_point(); }, nullptr, [] { g_forked_child = true; });
 
   t_inside = true;
   auto opened = pmirror::Volume::open_from_config(
       config, volume, identity, node,
-      [](pmirror::VolumeOptions& options) { options.local_persisted_by_caller = true; });
+      [&](pmirror::VolumeOptions& options) {
+        options.local_persisted_by_caller = true;
+        if (durability != "drain") options.snapshot_buffer = kSnapshotBuffer;
+      });
   t_inside = false;
   if (!opened.ok()) {
     std::fprintf(stderr, "pmirror-run: cannot mirror volume '%s': %s\n", volume.c_str(),
@@ -568,6 +755,8 @@ __attribute__((constructor)) void start_mirroring() {
   }
   g_copy = FileIdentity{st.st_dev, st.st_ino, st.st_rdev, S_ISCHR(st.st_mode)};
   g_volume_size = (*opened)->size();
+  g_local_base = (*opened)->data();
+  g_observed = durability != "drain";
   state().volume = std::move(*opened);
   state().worker = std::thread(worker_loop);
   std::atexit(stop_mirroring);
@@ -734,3 +923,215 @@ PMIRROR_PRELOAD_API void* pmem_memset_nodrain(void* dest, int c, size_t len) {
   after_mem_nodrain(dest, len);
   return out;
 }
+
+// ---- observation points (observed mode) -----------------------------------------
+//
+// Where the program's state may be seen outside it: each waits
+// (observe_point) and then calls the next definition (the C library's).
+// glibc's own internal calls (stdio writing its buffer) do not come here,
+// so the stdio functions that may write are wrapped too. The list, and
+// what it does not cover, is in docs/pmdk.md, section 5.
+
+namespace {
+
+template <typename F>
+F next_definition(const char* name) {
+  void* found = dlsym(RTLD_NEXT, name);
+  if (found == nullptr) {
+    std::fprintf(stderr, "pmirror-run: the C library's %s not found: %s\n", name, dlerror());
+    std::abort();
+  }
+  return reinterpret_cast<F>(found);
+}
+
+// Threads that pmirror's own threads start (libpmirror's supervisor,
+// reconnects, its transport's) are pmirror's too: they pass observation
+// points (waiting there for pmirror itself would never end).
+struct ThreadStart {
+  void* (*start)(void*);
+  void* arg;
+};
+void* start_inside(void* argument) {
+  ThreadStart what = *static_cast<ThreadStart*>(argument);
+  delete static_cast<ThreadStart*>(argument);
+  t_inside = true;
+  return what.start(what.arg);
+}
+
+}  // namespace
+
+PMIRROR_PRELOAD_API int pthread_create(pthread_t* thread, const pthread_attr_t* attr,
+                                       void* (*start)(void*), void* arg) {
+  using Fn = int (*)(pthread_t*, const pthread_attr_t*, void* (*)(void*), void*);
+  static const Fn next = next_definition<Fn>("pthread_create");
+  if (!t_inside) return next(thread, attr, start, arg);
+  auto* what = new ThreadStart{start, arg};
+  int rc = next(thread, attr, start_inside, what);
+  if (rc != 0) delete what;
+  return rc;
+}
+
+// An observation point with the C library's signature `R name(ARGS)`.
+#define PMIRROR_OBSERVED(R, name, PARAMS, ARGS)                        \
+  PMIRROR_PRELOAD_API R name PARAMS {                                  \
+    using Fn = R(*) PARAMS;                                            \
+    static const Fn next = next_definition<Fn>(#name);                 \
+    observe_point();                                                   \
+    return next ARGS;                                                  \
+  }
+
+// Writing to a file, a pipe, a socket or a terminal.
+PMIRROR_OBSERVED(ssize_t, write, (int fd, const void* buf, size_t n), (fd, buf, n))
+PMIRROR_OBSERVED(ssize_t, pwrite, (int fd, const void* buf, size_t n, off_t at), (fd, buf, n, at))
+PMIRROR_OBSERVED(ssize_t, pwrite64, (int fd, const void* buf, size_t n, off64_t at),
+                 (fd, buf, n, at))
+PMIRROR_OBSERVED(ssize_t, writev, (int fd, const struct iovec* iov, int count), (fd, iov, count))
+PMIRROR_OBSERVED(ssize_t, pwritev, (int fd, const struct iovec* iov, int count, off_t at),
+                 (fd, iov, count, at))
+PMIRROR_OBSERVED(ssize_t, pwritev2,
+                 (int fd, const struct iovec* iov, int count, off_t at, int flags),
+                 (fd, iov, count, at, flags))
+PMIRROR_OBSERVED(ssize_t, send, (int fd, const void* buf, size_t n, int flags),
+                 (fd, buf, n, flags))
+PMIRROR_OBSERVED(ssize_t, sendto,
+                 (int fd, const void* buf, size_t n, int flags, const struct sockaddr* to,
+                  socklen_t to_length),
+                 (fd, buf, n, flags, to, to_length))
+PMIRROR_OBSERVED(ssize_t, sendmsg, (int fd, const struct msghdr* message, int flags),
+                 (fd, message, flags))
+PMIRROR_OBSERVED(int, sendmmsg, (int fd, struct mmsghdr* messages, unsigned count, int flags),
+                 (fd, messages, count, flags))
+PMIRROR_OBSERVED(ssize_t, sendfile, (int out, int in, off_t* at, size_t n), (out, in, at, n))
+PMIRROR_OBSERVED(ssize_t, sendfile64, (int out, int in, off64_t* at, size_t n), (out, in, at, n))
+PMIRROR_OBSERVED(ssize_t, splice,
+                 (int in, loff_t* in_at, int out, loff_t* out_at, size_t n, unsigned flags),
+                 (in, in_at, out, out_at, n, flags))
+PMIRROR_OBSERVED(ssize_t, copy_file_range,
+                 (int in, loff_t* in_at, int out, loff_t* out_at, size_t n, unsigned flags),
+                 (in, in_at, out, out_at, n, flags))
+// Making files durable, or changing their names.
+PMIRROR_OBSERVED(int, fsync, (int fd), (fd))
+PMIRROR_OBSERVED(int, fdatasync, (int fd), (fd))
+PMIRROR_OBSERVED(void, sync, (void), ())
+PMIRROR_OBSERVED(int, syncfs, (int fd), (fd))
+PMIRROR_OBSERVED(int, sync_file_range, (int fd, off64_t at, off64_t n, unsigned flags),
+                 (fd, at, n, flags))
+PMIRROR_OBSERVED(int, rename, (const char* from, const char* to), (from, to))
+PMIRROR_OBSERVED(int, renameat, (int from_dir, const char* from, int to_dir, const char* to),
+                 (from_dir, from, to_dir, to))
+PMIRROR_OBSERVED(int, renameat2,
+                 (int from_dir, const char* from, int to_dir, const char* to, unsigned flags),
+                 (from_dir, from, to_dir, to, flags))
+PMIRROR_OBSERVED(int, link, (const char* from, const char* to), (from, to))
+PMIRROR_OBSERVED(int, linkat,
+                 (int from_dir, const char* from, int to_dir, const char* to, int flags),
+                 (from_dir, from, to_dir, to, flags))
+PMIRROR_OBSERVED(int, symlink, (const char* target, const char* path), (target, path))
+PMIRROR_OBSERVED(int, unlink, (const char* path), (path))
+PMIRROR_OBSERVED(int, unlinkat, (int dir, const char* path, int flags), (dir, path, flags))
+PMIRROR_OBSERVED(int, truncate, (const char* path, off_t n), (path, n))
+// Signals to others; running another program; ending this one.
+PMIRROR_OBSERVED(int, kill, (pid_t pid, int signal), (pid, signal))
+PMIRROR_OBSERVED(int, sigqueue, (pid_t pid, int signal, const union sigval value),
+                 (pid, signal, value))
+PMIRROR_OBSERVED(int, execve, (const char* path, char* const argv[], char* const envp[]),
+                 (path, argv, envp))
+PMIRROR_OBSERVED(int, execv, (const char* path, char* const argv[]), (path, argv))
+PMIRROR_OBSERVED(int, execvp, (const char* file, char* const argv[]), (file, argv))
+PMIRROR_OBSERVED(int, execvpe, (const char* file, char* const argv[], char* const envp[]),
+                 (file, argv, envp))
+PMIRROR_OBSERVED(int, posix_spawn,
+                 (pid_t * pid, const char* path, const posix_spawn_file_actions_t* actions,
+                  const posix_spawnattr_t* attributes, char* const argv[], char* const envp[]),
+                 (pid, path, actions, attributes, argv, envp))
+PMIRROR_OBSERVED(int, posix_spawnp,
+                 (pid_t * pid, const char* file, const posix_spawn_file_actions_t* actions,
+                  const posix_spawnattr_t* attributes, char* const argv[], char* const envp[]),
+                 (pid, file, actions, attributes, argv, envp))
+// stdio: any of these may write its buffer (through the C library's
+// internal write, which does not come here).
+PMIRROR_OBSERVED(size_t, fwrite, (const void* buf, size_t size, size_t n, FILE* stream),
+                 (buf, size, n, stream))
+PMIRROR_OBSERVED(size_t, fwrite_unlocked, (const void* buf, size_t size, size_t n, FILE* stream),
+                 (buf, size, n, stream))
+PMIRROR_OBSERVED(int, fputs, (const char* text, FILE* stream), (text, stream))
+PMIRROR_OBSERVED(int, fputs_unlocked, (const char* text, FILE* stream), (text, stream))
+PMIRROR_OBSERVED(int, puts, (const char* text), (text))
+PMIRROR_OBSERVED(int, fputc, (int c, FILE* stream), (c, stream))
+PMIRROR_OBSERVED(int, putc, (int c, FILE* stream), (c, stream))
+PMIRROR_OBSERVED(int, putchar, (int c), (c))
+PMIRROR_OBSERVED(int, fflush, (FILE * stream), (stream))
+PMIRROR_OBSERVED(int, fclose, (FILE * stream), (stream))
+PMIRROR_OBSERVED(int, vprintf, (const char* format, va_list args), (format, args))
+PMIRROR_OBSERVED(int, vfprintf, (FILE * stream, const char* format, va_list args),
+                 (stream, format, args))
+PMIRROR_OBSERVED(int, vdprintf, (int fd, const char* format, va_list args), (fd, format, args))
+PMIRROR_OBSERVED(int, __vfprintf_chk, (FILE * stream, int flag, const char* format, va_list args),
+                 (stream, flag, format, args))
+PMIRROR_OBSERVED(int, __vprintf_chk, (int flag, const char* format, va_list args),
+                 (flag, format, args))
+
+#undef PMIRROR_OBSERVED
+
+// The variadic ones, through their va_list forms.
+PMIRROR_PRELOAD_API int printf(const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  int n = vprintf(format, args);
+  va_end(args);
+  return n;
+}
+PMIRROR_PRELOAD_API int fprintf(FILE* stream, const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  int n = vfprintf(stream, format, args);
+  va_end(args);
+  return n;
+}
+PMIRROR_PRELOAD_API int dprintf(int fd, const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  int n = vdprintf(fd, format, args);
+  va_end(args);
+  return n;
+}
+PMIRROR_PRELOAD_API int __printf_chk(int flag, const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  int n = __vprintf_chk(flag, format, args);
+  va_end(args);
+  return n;
+}
+PMIRROR_PRELOAD_API int __fprintf_chk(FILE* stream, int flag, const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  int n = __vfprintf_chk(stream, flag, format, args);
+  va_end(args);
+  return n;
+}
+
+// msync of another file is an observation point; of the local copy it is
+// a persist (libpmem's pmem_msync on a pool that is not pmem), which the
+// pmem_msync wrapper mirrors.
+PMIRROR_PRELOAD_API int msync(void* addr, size_t length, int flags) {
+  using Fn = int (*)(void*, size_t, int);
+  static const Fn next = next_definition<Fn>("msync");
+  bool local = false;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  const int slots = g_mapping_slots.load(std::memory_order_acquire);
+  for (int i = 0; i < slots && !local; ++i) {
+    const uintptr_t begin = g_mappings[i].begin.load(std::memory_order_acquire);
+    local = begin != 0 && a >= begin && a < g_mappings[i].end.load(std::memory_order_relaxed);
+  }
+  if (!local) observe_point();
+  return next(addr, length, flags);
+}
+
+PMIRROR_PRELOAD_API void _exit(int status) {
+  using Fn = void (*)(int);
+  static const Fn next = next_definition<Fn>("_exit");
+  observe_point();
+  next(status);
+  __builtin_unreachable();
+}
+PMIRROR_PRELOAD_API void _Exit(int status) { _exit(status); }
