@@ -48,11 +48,8 @@ export PMIRROR_RUNTIME_DIR=$work
 # alone (every logged one there, none torn): a program stopped inside a
 # commit may leave one more on the replica than it logged.
 check_replica() {
-  cp --sparse=always "$work/replica.img" "$work/replica-copy"
   local out
-  out=$(pmempool check "$work/replica-copy" 2>&1) || fail "pmempool check of the replica: $out"
-  out=$("$counters" check "$work/replica-copy" "$work/log" 2>&1) ||
-    fail "the replica's pool: $out"
+  out=$(pmdk_check_image "$counters" "$work/replica.img" "$work/log") || fail "the replica's pool: $out"
   if [[ ${2:-} != at-least ]]; then
     [[ $out =~ ^(transactions|records)\ $1\  ]] || fail "the replica holds '$out', expected $1"
   fi
