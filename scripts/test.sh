@@ -97,15 +97,23 @@ if [[ $extended == 1 && ${PMIRROR_SKIP_FUZZ:-0} != 1 ]]; then
   "$repo/scripts/fuzz.sh"
 fi
 
-# Also beyond CI's time: pmirror-run killed at 20 random moments (CI's
-# ctest kills it 5 times), and a three-node Pacemaker cluster losing its
-# primary's node (docs/failover.md, section 3; a few minutes, namespaces).
+# Also beyond CI's time: the crash tests, each PMDK program under pmirror-run
+# killed at 50 random moments in each durability mode (CI's ctest kills
+# each 4 times, 2 per mode; docs/pmdk.md, "Crash tests"), and a three-node
+# Pacemaker cluster losing its primary's node (docs/failover.md, section 3;
+# a few minutes, namespaces).
 if [[ $extended == 1 ]]; then
-  stage "pmirror-run under kill -9, 20 times per program (libpmemobj, libpmemlog, libpmemblk)"
-  for program in pmemobj-counters:16MiB pmemlog-records:16MiB pmemblk-records:32MiB; do
-    "$repo/tests/pmdk/kill_test.sh" "$repo/build/daemon/pmirror-run" "$repo/build/daemon/pmirrord" \
-      "$repo/build/examples/${program%%:*}" 20 "${program#*:}"
+  stage "pmirror-run under kill -9, 50 times per program and durability mode"
+  kill_status=0
+  for mode in observed drain; do
+    for program in pmemobj-counters:16MiB pmemobj-two-counters:16MiB pmemlog-records:16MiB \
+      pmemblk-records:32MiB; do
+      PMIRROR_TEST_DURABILITY=$mode "$repo/tests/pmdk/kill_test.sh" "$repo/build/daemon/pmirror-run" \
+        "$repo/build/daemon/pmirrord" "$repo/build/examples/${program%%:*}" 50 "${program#*:}" ||
+        kill_status=1
+    done
   done
+  ((kill_status == 0)) || { echo "the crash tests failed (above)" >&2; exit 1; }
   stage "Pacemaker: three nodes, the primary's cut off"
   "$repo/scripts/pacemaker-cluster.sh" 3
 fi
