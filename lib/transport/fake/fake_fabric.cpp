@@ -258,7 +258,26 @@ struct Hub {
   }
 
   static void rollback(Medium& m, const CrashOptions& options, std::mt19937_64& rng) {
-    if (options.tear) {
+    auto tear_piece = [&](const Piece& p) {
+      uintptr_t pa = p.addr, pb = p.addr + p.data.size();
+      for (uintptr_t w = pa & ~uintptr_t{7}; w < pb; w += 8) {
+        if ((rng() & 1) == 0) continue;
+        uintptr_t lo = std::max(w, pa), hi = std::min(w + 8, pb);
+        std::memcpy(m.durable.data() + (lo - m.base), p.data.data() + (lo - pa), hi - lo);
+      }
+    };
+    if (options.in_placement_order) {
+      std::vector<const Piece*> placed;
+      for (const Piece& p : m.pieces) placed.push_back(&p);
+      std::sort(placed.begin(), placed.end(),
+                [](const Piece* a, const Piece* b) { return a->seq < b->seq; });
+      size_t cut = placed.empty() ? 0 : static_cast<size_t>(rng() % (placed.size() + 1));
+      for (size_t i = 0; i < cut; ++i) {
+        const Piece& p = *placed[i];
+        std::memcpy(m.durable.data() + (p.addr - m.base), p.data.data(), p.data.size());
+      }
+      if (cut < placed.size()) tear_piece(*placed[cut]);
+    } else if (options.tear) {
       for (const Piece& p : m.pieces) {
         uintptr_t pa = p.addr, pb = p.addr + p.data.size();
         for (uintptr_t w = pa & ~uintptr_t{7}; w < pb; w += 8) {

@@ -65,6 +65,13 @@ struct CrashOptions {
   // not independently, chosen by a generator seeded with `seed`.
   bool tear = false;
   uint64_t seed = 1;
+  // The APM model (docs/protocol.md, "Ordering"): what was placed becomes
+  // durable in placement order. The Writes no flush covered survive as a
+  // prefix of their posting order (a random cut), the one at the cut torn
+  // word by word as with `tear`, the later ones dropped. Without it they
+  // survive independently (`tear`), or not at all: a target whose CPU
+  // persists keeps nothing unpersisted in order.
+  bool in_placement_order = false;
 };
 
 // Whether the calling thread is running the fabric's own code (a

@@ -181,6 +181,25 @@ void check_prefix(const std::vector<uint64_t>& order, std::span<const Found> fou
   }
 }
 
+// The ordering invariant with tearing: after the intact prefix at most one
+// record is there in part (torn), and every later one is absent.
+void check_boundary_plus_one(std::span<const Found> found, Verdict& v) {
+  size_t k = 0;
+  while (k < found.size() && found[k] == Found::kIntact) ++k;
+  const size_t boundary = k;
+  if (k < found.size() && found[k] == Found::kTorn) ++k;
+  for (; k < found.size(); ++k) {
+    if (found[k] != Found::kAbsent) {
+      v.violations.push_back("record " + std::to_string(k + 1) + " is " + found_name(found[k]) +
+                             " beyond the persist boundary after record " +
+                             std::to_string(boundary) +
+                             " and the one persist after it: a later persist landed before an "
+                             "earlier one");
+      break;
+    }
+  }
+}
+
 // No byte outside the records (`covered`) changed.
 void check_outside_records(std::span<const std::byte> replica, const std::vector<bool>& covered,
                            Verdict& v) {
@@ -298,6 +317,14 @@ struct Scenario {
   uint64_t window = 4;                   // kAsync: persists started before waiting for them
   std::string crash_node = kTargetNode;  // empty: the initiator and the target crash
   bool tear = false;
+  // The fake keeps unflushed Writes as a prefix of their placement order
+  // (the APM model), not independently.
+  bool in_placement_order = false;
+  // Check the ordering invariant (docs/protocol.md, "Ordering"): the
+  // intact records are a prefix, at most the one record after them is
+  // torn, the rest absent -- a state the primary passed through at a
+  // persist boundary, plus part of the next persist.
+  bool boundary_plus_one = false;
   // Application threads persisting at once (> 1: writer w persists records
   // w+1, w+1+writers, ... with persist_async + wait, each as it goes).
   uint64_t writers = 1;
@@ -509,6 +536,7 @@ class CrashTest : public ::testing::Test {
       uint64_t before = fabric->executed(kInitiatorNode);
       CrashOptions crash;
       crash.tear = s.tear;
+      crash.in_placement_order = s.in_placement_order;
       crash.seed = 1000 + crash_at.value_or(0);
       if (crash_at && *crash_at != kAtEnd) {
         fabric->crash_after(*crash_at, s.crash_node, crash, kInitiatorNode);
@@ -571,6 +599,11 @@ class CrashTest : public ::testing::Test {
         EXPECT_EQ(out.acked, s.records);
       }
       Verdict v = check(s, out, !s.tear);
+      if (s.boundary_plus_one) {
+        std::vector<Found> found;
+        for (uint64_t i = 1; i <= out.written; ++i) found.push_back(classify(out.replica, i));
+        check_boundary_plus_one(found, v);
+      }
       EXPECT_TRUE(v.violations.empty())
           << "crash after " << k << " of " << dry.operations << " operations (" << out.acked
           << " acknowledged, " << out.written << " written):" << v.text();
@@ -731,6 +764,51 @@ TEST_F(CrashTest, GpspmAsyncTargetCrashWithPersistsInFlight) {
     EXPECT_GT(c.unacked_lost, 0u);
     if (HasFailure()) break;
   }
+}
+
+// The ordering invariant with many persists in flight (issue 25), under
+// each method's crash model. APM: placed Writes become durable in
+// placement order, so a crash keeps a prefix of them, the last torn.
+TEST_F(CrashTest, ApmAsyncCrashKeepsAPersistBoundaryPlusOne) {
+  Scenario s;
+  s.apm = config::ApmPolicy::kOn;
+  s.mode = Mode::kAsync;
+  s.records = 16;
+  s.window = 8;
+  s.tear = true;
+  s.in_placement_order = true;
+  s.boundary_plus_one = true;
+  Coverage c = sweep(s);
+  EXPECT_GT(c.unacked_survived, 0u) << "some crash kept placed, unflushed persists";
+  EXPECT_GT(c.torn, 0u);
+}
+
+// GPSPM: the target's CPU persists on request, and placed bytes that it did
+// not persist may survive in any subset (page cache written back at
+// random, CPU caches evicted): the order holds only because a replica
+// takes a persist once the one before it is durable there.
+TEST_F(CrashTest, GpspmAsyncCrashKeepsAPersistBoundaryPlusOne) {
+  Scenario s;
+  s.apm = config::ApmPolicy::kOff;
+  s.mode = Mode::kAsync;
+  s.records = 16;
+  s.window = 8;
+  s.tear = true;
+  s.boundary_plus_one = true;
+  Coverage c = sweep(s);
+  EXPECT_GT(c.torn, 0u);
+}
+
+// The checker catches a later persist that landed before an earlier one.
+TEST_F(CrashTest, CheckerCatchesALaterPersistBeforeAnEarlierOne) {
+  Verdict fine, reordered, two_torn;
+  check_boundary_plus_one(std::vector<Found>{Found::kIntact, Found::kTorn, Found::kAbsent}, fine);
+  EXPECT_TRUE(fine.violations.empty()) << fine.text();
+  check_boundary_plus_one(std::vector<Found>{Found::kIntact, Found::kAbsent, Found::kIntact},
+                          reordered);
+  EXPECT_EQ(reordered.violations.size(), 1u);
+  check_boundary_plus_one(std::vector<Found>{Found::kTorn, Found::kTorn, Found::kAbsent}, two_torn);
+  EXPECT_EQ(two_torn.violations.size(), 1u);
 }
 
 // Several application threads persisting at once (their persists share the
