@@ -4,7 +4,7 @@
 // replica session registers it (Replica::Setup), and its Writes take the
 // bytes from here, so that the application may store to the same range
 // again as soon as the call returns (pmirror-run's `observed` mode:
-// docs/pmdk.md, section 5).
+// docs/pmdk.md, section 3).
 //
 // A ring of bytes, positions counted from the open (absolute, never
 // wrapping): a persist's bytes are one contiguous piece, reserved in
