@@ -136,7 +136,7 @@ char g_volume_name[256] = "";
 bool g_forked_child = false;  // a fork's child: its parent's volume is not its own
 // --durability observed (the default): a drain is ordered, not waited
 // for; the program waits before its state can be seen outside it
-// (docs/pmdk.md, section 5). false: --durability drain, every drain waits.
+// (docs/pmdk.md, section 3). false: --durability drain, every drain waits.
 bool g_observed = false;
 const std::byte* g_local_base = nullptr;  // libpmirror's own mapping of the local copy
 bool g_verbose = false;       // --log-level info or debug: say what the close settled
@@ -930,7 +930,7 @@ PMIRROR_PRELOAD_API void* pmem_memset_nodrain(void* dest, int c, size_t len) {
 // (observe_point) and then calls the next definition (the C library's).
 // glibc's own internal calls (stdio writing its buffer) do not come here,
 // so the stdio functions that may write are wrapped too. The list, and
-// what it does not cover, is in docs/pmdk.md, section 5.
+// what it does not cover, is in pmirror-run(1) and docs/pmdk.md, section 3.
 
 namespace {
 
