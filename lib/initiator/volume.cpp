@@ -443,7 +443,7 @@ Result<uint64_t> Volume::persist_async(std::span<const PersistRange> ranges,
     bytes += range.length;
   }
   if (bytes == 0) return Status(Errc::kInvalidArgument, "persist_async of empty ranges only");
-  if (!snapshot.empty() || snapshot.data() != nullptr) {
+  if (snapshot.data() != nullptr) {
     if (impl_->core.staging.capacity() == 0) {
       return Status(Errc::kFailedPrecondition,
                     "volume '" + impl_->core.options.name +

@@ -348,15 +348,20 @@ MirrorState& state() {
 void mirror_requests(std::vector<MirrorRequest*>& batch) {
   uint64_t last = 0;
   pmirror::Status failed;
+  // Each group is one persist of its ranges (kept from batch to batch:
+  // only this thread mirrors).
+  static std::vector<pmirror::PersistRange> ranges;
   for (MirrorRequest* request : batch) {
-    for (int i = 0; i < request->group->count && failed.ok(); ++i) {
-      auto started =
-          state().volume->persist_async(request->group->offset[i], request->group->length[i]);
-      if (!started.ok()) {
-        failed = started.status();
-      } else {
-        last = *started;
-      }
+    if (!failed.ok()) break;
+    ranges.clear();
+    for (int i = 0; i < request->group->count; ++i) {
+      ranges.push_back({request->group->offset[i], request->group->length[i]});
+    }
+    auto started = state().volume->persist_async(ranges);
+    if (!started.ok()) {
+      failed = started.status();
+    } else {
+      last = *started;
     }
   }
   if (failed.ok() && last != 0) failed = state().volume->wait(last);
