@@ -42,7 +42,6 @@
 #include <functional>
 #include <memory>
 #include <pmirror/status.hpp>
-#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -234,24 +233,23 @@ class PMIRROR_EXPORT Volume {
 
   // Starts a persist and returns its sequence number; does not wait.
   // Ordered: on every replica it is durable only after every persist
-  // started before it (docs/protocol.md, "Ordering"), so a program may
+  // started before it (/usr/share/doc/pmirrord/protocol.md, "Ordering"), so a program may
   // start its ordering points with it and wait only where its state is
   // seen (wait / drain). The bytes a replica gets are those the range
   // holds when the persist is posted: do not store to it until it is
   // waited for (or use a snapshot, below). Errors: as persist(), and
   // kInvalidArgument for an empty range.
   Result<uint64_t> persist_async(uint64_t offset, uint64_t length);
-  // One persist of several ranges (one sequence, one flush, one commit
+  // One persist of `count` ranges (one sequence, one flush, one commit
   // record), ordered as above; ranges may be empty (skipped) but not all.
-  // With `snapshot` (the ranges' bytes, concatenated in range order; as
+  // With `snapshot` (the ranges' bytes, concatenated in range order: as
   // many bytes as the ranges hold): the replicas get these bytes, copied
   // before it returns, and the application may store to the ranges again
   // at once; needs VolumeOptions::snapshot_buffer (kFailedPrecondition
-  // without, kInvalidArgument when the persist is larger than it). The
-  // local copy is persisted as it is now (unless
-  // local_persisted_by_caller).
-  Result<uint64_t> persist_async(std::span<const PersistRange> ranges,
-                                 std::span<const std::byte> snapshot = {});
+  // without, kInvalidArgument for a range larger than it). The local copy
+  // is persisted as it is now (unless local_persisted_by_caller).
+  Result<uint64_t> persist_async(const PersistRange* ranges, size_t count,
+                                 const void* snapshot = nullptr);
   // Returns once every persist up to `sequence` is durable on `ack`
   // replicas (as persist). Errors: as persist().
   Status wait(uint64_t sequence);

@@ -681,15 +681,11 @@ int pmirror_persist_ranges_async(pmirror_volume* volume, const struct pmirror_ra
     if (int bad = check_volume(volume)) return bad;
     if (ranges == nullptr && count > 0) return invalid("ranges is NULL");
     if (count == 0) return invalid("no ranges");
-    std::vector<pmirror::PersistRange> list(count);
-    uint64_t bytes = 0;
-    for (size_t i = 0; i < count; ++i) {
-      list[i] = {ranges[i].offset, ranges[i].length};
-      bytes += ranges[i].length;
-    }
-    std::span<const std::byte> taken;
-    if (snapshot != nullptr) taken = {static_cast<const std::byte*>(snapshot), bytes};
-    auto started = volume->volume->persist_async(list, taken);
+    // The C ranges as the C++ API's (kept per thread: no allocation once grown).
+    thread_local std::vector<pmirror::PersistRange> list;
+    list.resize(count);
+    for (size_t i = 0; i < count; ++i) list[i] = {ranges[i].offset, ranges[i].length};
+    auto started = volume->volume->persist_async(list.data(), count, snapshot);
     if (!started.ok()) return fail(started.status());
     if (sequence != nullptr) *sequence = *started;
     return ok();

@@ -433,35 +433,33 @@ Result<uint64_t> Volume::persist_async(uint64_t offset, uint64_t length) {
   return impl_->pipeline.start(lock, offset, length);
 }
 
-Result<uint64_t> Volume::persist_async(std::span<const PersistRange> ranges,
-                                       std::span<const std::byte> snapshot) {
-  // The persist's ranges, without the empty ones; kept from call to call
-  // (no allocation once grown): only the thread holding the mutex uses it.
+Result<uint64_t> Volume::persist_async(const PersistRange* ranges, size_t count,
+                                       const void* snapshot) {
+  if (ranges == nullptr && count > 0) {
+    return Status(Errc::kInvalidArgument, "persist_async: ranges is null");
+  }
   uint64_t bytes = 0;
-  for (const PersistRange& range : ranges) {
-    PMIRROR_RETURN_IF_ERROR(impl_->pipeline.check_range(range.offset, range.length));
-    bytes += range.length;
+  for (size_t i = 0; i < count; ++i) {
+    PMIRROR_RETURN_IF_ERROR(impl_->pipeline.check_range(ranges[i].offset, ranges[i].length));
+    bytes += ranges[i].length;
   }
   if (bytes == 0) return Status(Errc::kInvalidArgument, "persist_async of empty ranges only");
-  if (snapshot.data() != nullptr) {
+  std::span<const std::byte> taken;
+  if (snapshot != nullptr) {
     if (impl_->core.staging.capacity() == 0) {
       return Status(Errc::kFailedPrecondition,
                     "volume '" + impl_->core.options.name +
                         "' has no snapshot buffer: open it with VolumeOptions::snapshot_buffer");
     }
-    if (snapshot.size() != bytes) {
-      return Status(Errc::kInvalidArgument,
-                    "a snapshot of " + std::to_string(snapshot.size()) + " bytes for ranges of " +
-                        std::to_string(bytes) + " bytes");
-    }
+    taken = {static_cast<const std::byte*>(snapshot), bytes};
   }
   auto lock = app_lock(impl_->core);
   std::vector<protocol::Range>& kept = impl_->ranges_scratch;
   kept.clear();
-  for (const PersistRange& range : ranges) {
-    if (range.length > 0) kept.push_back(protocol::Range{range.offset, range.length});
+  for (size_t i = 0; i < count; ++i) {
+    if (ranges[i].length > 0) kept.push_back(protocol::Range{ranges[i].offset, ranges[i].length});
   }
-  return impl_->pipeline.start(lock, kept, snapshot);
+  return impl_->pipeline.start(lock, kept, taken);
 }
 
 Status Volume::wait(uint64_t sequence) {

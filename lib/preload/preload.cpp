@@ -357,7 +357,7 @@ void mirror_requests(std::vector<MirrorRequest*>& batch) {
     for (int i = 0; i < request->group->count; ++i) {
       ranges.push_back({request->group->offset[i], request->group->length[i]});
     }
-    auto started = state().volume->persist_async(ranges);
+    auto started = state().volume->persist_async(ranges.data(), ranges.size());
     if (!started.ok()) {
       failed = started.status();
     } else {
@@ -455,7 +455,8 @@ void mirror_epochs(std::unique_lock<std::mutex>& lock) {
       Epoch& epoch = ob.slots[ob.consumed % kEpochSlots];
       lock.unlock();
       if (failed.ok()) {
-        auto started = st.volume->persist_async(epoch.ranges, epoch.bytes);
+        auto started =
+            st.volume->persist_async(epoch.ranges.data(), epoch.ranges.size(), epoch.bytes.data());
         if (started.ok()) {
           last_sequence = *started;
         } else {

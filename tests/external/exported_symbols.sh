@@ -26,7 +26,7 @@ cxx_api=(
   'pmirror::Volume::persist(unsigned long, unsigned long)'
   'pmirror::Volume::write(unsigned long, void const*, unsigned long)'
   'pmirror::Volume::persist_async(unsigned long, unsigned long)'
-  'pmirror::Volume::persist_async(std::span<pmirror::PersistRange const, 18446744073709551615ul>, std::span<std::byte const, 18446744073709551615ul>)'
+  'pmirror::Volume::persist_async(pmirror::PersistRange const*, unsigned long, void const*)'
   'pmirror::Volume::wait(unsigned long)'
   'pmirror::Volume::drain()'
   'pmirror::Volume::resync(std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > const&, bool)'
