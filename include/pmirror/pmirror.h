@@ -323,8 +323,9 @@ PMIRROR_EXPORT int pmirror_open_from_config(const char* config_path, const char*
                                             const char* identity, const char* node,
                                             pmirror_volume** volume_ptr);
 
-/* Drains, says goodbye to the replicas, disconnects, unmaps, and sets
- * *volume_ptr to NULL. A persist that fails while draining is not reported:
+/* Drains, gives a replica that is connected but behind (lagging, being
+ * resynced) up to the operation timeout to catch up, says goodbye to the
+ * replicas, disconnects, unmaps, and sets *volume_ptr to NULL. A persist that fails while draining is not reported:
  * call pmirror_drain first to know. Errors: none but a NULL volume_ptr. */
 PMIRROR_EXPORT int pmirror_close(pmirror_volume** volume_ptr);
 

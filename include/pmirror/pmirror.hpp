@@ -213,7 +213,9 @@ class PMIRROR_EXPORT Volume {
   static Result<std::unique_ptr<Volume>> open_from_config(
       const std::string& config_path, const std::string& volume, const std::string& identity,
       const std::string& node, const std::function<void(VolumeOptions&)>& adjust);
-  ~Volume();  // drains, says Goodbye, disconnects
+  // Drains, lets a connected replica that is behind catch up (up to
+  // operation_timeout), says Goodbye, disconnects.
+  ~Volume();
   Volume(const Volume&) = delete;
   Volume& operator=(const Volume&) = delete;
 

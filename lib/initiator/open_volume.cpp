@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/log.h"
 #include "region/region.h"
 
 namespace pmirror::initiator {
@@ -148,7 +149,30 @@ Result<std::vector<PeerSwitched>> OpenVolume::set_connected(const std::string& n
   return switched;
 }
 
+void OpenVolume::let_replicas_catch_up() {
+  std::unique_lock lock(core.mutex);
+  // A fenced primary, or one whose lease lapsed, resyncs nobody.
+  if (!core.fenced.ok() || !core.check_lease(failover::monotonic_now_ns()).ok()) return;
+  auto behind = [&] {
+    for (const auto& peer : peers.all()) {
+      if (peer->live() && (!peer->in_sync || !peer->generation_updates.empty())) return true;
+    }
+    return false;
+  };
+  const auto deadline = Clock::now() + core.options.operation_timeout;
+  if (behind()) {
+    log::info("volume {}: closing: letting connected replicas catch up first (up to {} ms)",
+              core.options.name, core.options.operation_timeout.count());
+  }
+  // The supervisor brings them up to date and wakes sync_changed when one
+  // is in sync; a generation update's answer wakes nobody, hence the poll.
+  while (behind() && Clock::now() < deadline) {
+    core.sync_changed.wait_for(lock, std::chrono::milliseconds(20));
+  }
+}
+
 void OpenVolume::close() {
+  let_replicas_catch_up();
   supervisor.stop();
   for (const auto& peer : peers.all()) {
     if (!peer->connecting.valid()) continue;

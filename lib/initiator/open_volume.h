@@ -68,6 +68,15 @@ struct OpenVolume {
   // Every persist started is made durable on `ack` replicas (or recorded
   // dirty), the sessions end, and the copy is clean. Stops the supervisor.
   void close();
+
+ private:
+  // A replica connected but behind (lagging, being resynced, or not yet
+  // told the copy's current generation) is given up to operation_timeout
+  // to catch up before close stops the supervisor, so that a clean close
+  // leaves every reachable replica in sync: one left behind keeps an older
+  // generation, and promoting it later would make a split brain of the
+  // writes it did in fact receive.
+  void let_replicas_catch_up();
 };
 
 }  // namespace pmirror::initiator
