@@ -374,6 +374,19 @@ struct pmirror_range {
 PMIRROR_EXPORT int pmirror_persist_ranges_async(pmirror_volume* volume,
                                                 const struct pmirror_range* ranges, size_t count,
                                                 const void* snapshot, uint64_t* sequence);
+/* Several persists started as one: `groups` groups, group i being the next
+ * group_sizes[i] of the `count` ranges (the sizes must add up to count).
+ * Each group is durable on a replica only once the groups before it are,
+ * as if each were a pmirror_persist_ranges_async of its own, yet over APM
+ * they share one sequence, one commit record and one wait; a replica using
+ * GPSPM takes them as a persist each. `*sequence` stands for them all.
+ * Ranges and snapshot as pmirror_persist_ranges_async. Errors: as
+ * pmirror_persist_ranges_async; -PMIRROR_E_INVALID_ARGUMENT when the sizes
+ * do not add up. */
+PMIRROR_EXPORT int pmirror_persist_ordered_async(pmirror_volume* volume,
+                                                 const struct pmirror_range* ranges, size_t count,
+                                                 const uint32_t* group_sizes, size_t groups,
+                                                 const void* snapshot, uint64_t* sequence);
 /* Returns once every persist up to `sequence` is durable. Errors: as
  * pmirror_persist; -PMIRROR_E_INVALID_ARGUMENT for a sequence never started. */
 PMIRROR_EXPORT int pmirror_wait(pmirror_volume* volume, uint64_t sequence);

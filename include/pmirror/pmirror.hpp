@@ -252,6 +252,18 @@ class PMIRROR_EXPORT Volume {
   // is persisted as it is now (unless local_persisted_by_caller).
   Result<uint64_t> persist_async(const PersistRange* ranges, size_t count,
                                  const void* snapshot = nullptr);
+  // Several persists started as one: `groups` groups, group i being the
+  // next group_sizes[i] ranges of `ranges` (the sizes add up to `count`).
+  // Each group is durable on a replica only once the groups before it are,
+  // as if each were a persist_async of its own, yet over APM they share one
+  // sequence, one commit record and one wait (the flush between two groups
+  // is posted at once, not waited for); a replica using GPSPM takes them as
+  // a persist each. The sequence returned stands for them all. Ranges and
+  // snapshot as above. Errors: as above; kInvalidArgument when the group
+  // sizes do not add up to `count`.
+  Result<uint64_t> persist_ordered_async(const PersistRange* ranges, size_t count,
+                                         const uint32_t* group_sizes, size_t groups,
+                                         const void* snapshot = nullptr);
   // Returns once every persist up to `sequence` is durable on `ack`
   // replicas (as persist). Errors: as persist().
   Status wait(uint64_t sequence);

@@ -692,6 +692,26 @@ int pmirror_persist_ranges_async(pmirror_volume* volume, const struct pmirror_ra
   });
 }
 
+int pmirror_persist_ordered_async(pmirror_volume* volume, const struct pmirror_range* ranges,
+                                  size_t count, const uint32_t* group_sizes, size_t groups,
+                                  const void* snapshot, uint64_t* sequence) {
+  return guarded([&] {
+    if (int bad = check_volume(volume)) return bad;
+    if (ranges == nullptr && count > 0) return invalid("ranges is NULL");
+    if (count == 0) return invalid("no ranges");
+    if (group_sizes == nullptr && groups > 0) return invalid("group_sizes is NULL");
+    if (groups == 0) return invalid("no groups");
+    thread_local std::vector<pmirror::PersistRange> list;
+    list.resize(count);
+    for (size_t i = 0; i < count; ++i) list[i] = {ranges[i].offset, ranges[i].length};
+    auto started =
+        volume->volume->persist_ordered_async(list.data(), count, group_sizes, groups, snapshot);
+    if (!started.ok()) return fail(started.status());
+    if (sequence != nullptr) *sequence = *started;
+    return ok();
+  });
+}
+
 int pmirror_wait(pmirror_volume* volume, uint64_t sequence) {
   return guarded([&] {
     if (int bad = check_volume(volume)) return bad;

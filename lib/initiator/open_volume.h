@@ -37,6 +37,7 @@ struct OpenVolume {
   Resyncer resyncer;
   PersistPipeline pipeline;
   std::vector<protocol::Range> ranges_scratch;  // persist_async(ranges)'s, guarded by core.mutex
+  std::vector<size_t> group_starts_scratch;     // persist_ordered_async's, likewise
   Verifier verifier;
   VolumeSupervisor supervisor;
   const supervisor::SystemTime opened_at = std::chrono::system_clock::now();

@@ -161,11 +161,20 @@ Result<uint64_t> PersistPipeline::start(std::unique_lock<std::mutex>& lock, uint
 
 Result<uint64_t> PersistPipeline::start(std::unique_lock<std::mutex>& lock,
                                         std::span<const protocol::Range> ranges,
-                                        std::span<const std::byte> snapshot) {
+                                        std::span<const std::byte> snapshot,
+                                        std::span<const size_t> group_starts) {
   // As few persists as the limits allow, in order: a run of ranges that
-  // fits (kMaxRangesPerPersist ranges, kMaxExtentsPerPersist extents, the
-  // snapshot buffer) is one persist; a range too large for one alone
-  // without a snapshot is started as pieces (start above).
+  // fits (kMaxRangesPerPersist ranges and group flushes, kMaxExtentsPerPersist
+  // extents, the snapshot buffer) is one persist; a range too large for one
+  // alone without a snapshot is started as pieces (start above). Groups
+  // share a persist only where every live replica keeps their order inside
+  // one (APM); under GPSPM each group ends a persist.
+  bool groups_share = true;
+  for (const auto& peer : peers_.all()) {
+    if (peer->live() && !peer->replica->uses_apm()) groups_share = false;
+  }
+  size_t next_group = 0;  // group_starts[next_group]: the next group's first range
+  std::vector<size_t>& group_ends = group_ends_scratch_;
   uint64_t sequence = 0;
   size_t first = 0;
   size_t snapshot_at = 0;
@@ -178,12 +187,23 @@ Result<uint64_t> PersistPipeline::start(std::unique_lock<std::mutex>& lock,
   while (first < ranges.size()) {
     size_t end = first;
     uint64_t extents = 0, bytes = 0;
-    while (end < ranges.size() && end - first < kMaxRangesPerPersist) {
+    group_ends.clear();
+    while (next_group < group_starts.size() && group_starts[next_group] <= first) ++next_group;
+    while (end < ranges.size() && end - first + group_ends.size() < kMaxRangesPerPersist) {
+      const bool group_starts_here =
+          next_group < group_starts.size() && group_starts[next_group] == end;
+      if (end > first && group_starts_here && !groups_share) break;
       uint64_t more = extents_touched(ranges[end]);
       if (end > first && (extents + more > kMaxExtentsPerPersist ||
                           (!snapshot.empty() &&
-                           bytes + ranges[end].length > core_.staging.capacity()))) {
+                           bytes + ranges[end].length > core_.staging.capacity()) ||
+                          (group_starts_here &&
+                           end - first + group_ends.size() + 1 >= kMaxRangesPerPersist))) {
         break;
+      }
+      if (group_starts_here) {
+        if (end > first) group_ends.push_back(end - first);
+        ++next_group;
       }
       extents += more;
       bytes += ranges[end].length;
@@ -201,7 +221,8 @@ Result<uint64_t> PersistPipeline::start(std::unique_lock<std::mutex>& lock,
                            std::to_string(kMaxExtentsPerPersist) + " activity extents take");
     } else {
       started = start_piece(lock, ranges.subspan(first, end - first),
-                            snapshot.empty() ? snapshot : snapshot.subspan(snapshot_at, bytes));
+                            snapshot.empty() ? snapshot : snapshot.subspan(snapshot_at, bytes),
+                            group_ends);
     }
     if (!started.ok()) return fail(first, started.status());
     sequence = *started;
@@ -240,7 +261,8 @@ Result<uint64_t> PersistPipeline::reserve_staging(std::unique_lock<std::mutex>& 
 
 Result<uint64_t> PersistPipeline::start_piece(std::unique_lock<std::mutex>& lock,
                                               std::span<const protocol::Range> ranges,
-                                              std::span<const std::byte> snapshot) {
+                                              std::span<const std::byte> snapshot,
+                                              std::span<const size_t> group_ends) {
   if (!core_.fenced.ok()) return core_.fenced;
   const uint32_t max_in_flight = core_.options.max_in_flight;
   // Keep at most max_in_flight persists outstanding.
@@ -292,7 +314,8 @@ Result<uint64_t> PersistPipeline::start_piece(std::unique_lock<std::mutex>& lock
     // still met, never holds the persist back: if it cannot take it now,
     // it lags. The others are waited for (ack: all waits for every one).
     bool may_lag = !peer->in_sync || peers_.in_sync_count() > peers_.required_acks();
-    Status posted = peer->replica->post_persist(sequence, ranges, staged_at, /*may_wait=*/!may_lag);
+    Status posted =
+        peer->replica->post_persist(sequence, ranges, staged_at, /*may_wait=*/!may_lag, group_ends);
     if (posted.ok()) {
       peer->bytes += length;
     } else if (peer->replica->failed()) {

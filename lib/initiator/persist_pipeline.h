@@ -46,10 +46,16 @@ class PersistPipeline {
   // the snapshot buffer), as few as hold them, in order -- and returns the
   // last one's sequence. With `snapshot` (the ranges' bytes, concatenated:
   // copied into the snapshot buffer before it returns), the replicas get
-  // those bytes rather than the mapping's. Fails as start above.
+  // those bytes rather than the mapping's. `group_starts` (ascending,
+  // each in (0, ranges.size())): the ranges are ordered groups, a new one
+  // starting at each index named; each group is durable on a replica only
+  // after the ones before it (Replica::post_persist's group_ends; where a
+  // live replica uses GPSPM, each group is a persist of its own). Fails as
+  // start above.
   Result<uint64_t> start(std::unique_lock<std::mutex>& lock,
                          std::span<const protocol::Range> ranges,
-                         std::span<const std::byte> snapshot);
+                         std::span<const std::byte> snapshot,
+                         std::span<const size_t> group_starts = {});
   // Returns once every persist up to `sequence` is durable on `ack` in-sync
   // replicas; replicas beyond `ack` keep their copy of the persist in
   // flight and are not waited for.
@@ -58,7 +64,9 @@ class PersistPipeline {
  private:
   Result<uint64_t> start_piece(std::unique_lock<std::mutex>& lock,
                                std::span<const protocol::Range> ranges,
-                               std::span<const std::byte> snapshot);
+                               std::span<const std::byte> snapshot,
+                               std::span<const size_t> group_ends = {});
+  std::vector<size_t> group_ends_scratch_;  // start's, under the volume mutex
   // Room for `bytes` in the snapshot buffer, waiting for the persists that
   // hold it; returns its absolute position.
   Result<uint64_t> reserve_staging(std::unique_lock<std::mutex>& lock, uint64_t bytes);

@@ -16,6 +16,9 @@ using Clock = std::chrono::steady_clock;
 constexpr uint64_t kWriteTag = 1ull << 62;
 constexpr uint64_t kReadTag = 1ull << 61;
 constexpr uint64_t kResyncTag = 1ull << 60;
+// The flush Read between two groups of an ordered persist: its completion
+// completes nothing (the persist's last Read does).
+constexpr uint64_t kGroupFlushTag = 1ull << 59;
 constexpr uint64_t kSequenceMask = (1ull << 56) - 1;
 // The read-after-write flush reads this many bytes (as librpma and librpmem do).
 constexpr uint64_t kFlushReadSize = 8;
@@ -220,7 +223,7 @@ Result<transport::WorkRequest> encode_update(session::Messenger& messenger, prot
 
 Status Replica::post_write_flush(uint64_t sequence, std::span<const protocol::Range> ranges,
                                  std::optional<size_t> staged_at, bool may_wait,
-                                 Clock::time_point now) {
+                                 Clock::time_point now, std::span<const size_t> group_ends) {
   const bool copy = sequence == protocol::kResyncSequence;
   // The whole persist is one post_list (over rdma one doorbell): a Write
   // per range, then under APM the flush -- an 8-byte Read after the Writes
@@ -233,7 +236,18 @@ Status Replica::post_write_flush(uint64_t sequence, std::span<const protocol::Ra
   std::vector<transport::WorkRequest>& list = post_scratch_;
   list.clear();
   size_t staged = staged_at.value_or(0);
-  for (const protocol::Range& range : ranges) {
+  size_t next_end = 0;  // group_ends[next_end]: where the current group ends
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const protocol::Range& range = ranges[i];
+    if (next_end < group_ends.size() && group_ends[next_end] == i) {
+      // The groups before are flushed before anything of this one is placed.
+      const protocol::Range& last = ranges[i - 1];
+      list.push_back(transport::WorkRequest::read(
+          *flush_region_, 0, kFlushReadSize, remote_,
+          std::min(last.offset, remote_size_ - kFlushReadSize),
+          kGroupFlushTag | (sequence & kSequenceMask)));
+      ++next_end;
+    }
     if (staged_at) {
       list.push_back(transport::WorkRequest::write(*staging_region_, staged, range.length, remote_,
                                                    range.offset,
@@ -376,16 +390,30 @@ Status Replica::commit_if_idle(Clock::time_point now) {
 }
 
 Status Replica::post_persist(uint64_t sequence, std::span<const protocol::Range> ranges,
-                             std::optional<size_t> staged_at, bool may_wait) {
+                             std::optional<size_t> staged_at, bool may_wait,
+                             std::span<const size_t> group_ends) {
   if (failed())
     return error_.ok() ? Status(Errc::kClosed, "replica " + label_ + " is closed") : error_;
   if (ledger_ == nullptr) {
     return Status(Errc::kInternal,
                   "replica " + label_ + " takes no persist: no ledger to track it");
   }
-  if (ranges.empty() || ranges.size() > kMaxRangesPerPersist) {
+  if (ranges.empty() || ranges.size() + group_ends.size() > kMaxRangesPerPersist) {
     return Status(Errc::kInternal, "replica " + label_ + ": a persist of " +
-                                       std::to_string(ranges.size()) + " ranges");
+                                       std::to_string(ranges.size()) + " ranges in " +
+                                       std::to_string(group_ends.size() + 1) + " groups");
+  }
+  if (!group_ends.empty()) {
+    if (!apm_) {
+      return Status(Errc::kInternal, "replica " + label_ +
+                                         ": an ordered persist of several groups under GPSPM");
+    }
+    for (size_t i = 0; i < group_ends.size(); ++i) {
+      if (group_ends[i] == 0 || group_ends[i] >= ranges.size() ||
+          (i > 0 && group_ends[i] <= group_ends[i - 1])) {
+        return Status(Errc::kInternal, "replica " + label_ + ": group ends out of order");
+      }
+    }
   }
   if (staged_at && !staging_region_) {
     return Status(Errc::kInternal, "replica " + label_ + ": no snapshot buffer registered");
@@ -419,7 +447,8 @@ Status Replica::post_persist(uint64_t sequence, std::span<const protocol::Range>
     PMIRROR_RETURN_IF_ERROR(await_credit(may_wait));
   }
   const auto now = Clock::now();  // the one clock read of a persist's posting
-  PMIRROR_RETURN_IF_ERROR(post_write_flush(sequence, ranges, staged_at, may_wait, now));
+  PMIRROR_RETURN_IF_ERROR(
+      post_write_flush(sequence, ranges, staged_at, may_wait, now, group_ends));
   ledger_->posted(index_, sequence, now);
   return Status::Ok();
 }
@@ -546,6 +575,9 @@ Result<bool> Replica::resync_done() {
 
 Status Replica::handle_completion(const transport::Completion& completion) {
   last_heard_ = pump_clock();
+  if ((completion.wr_id & kGroupFlushTag) != 0 && completion.opcode == transport::Opcode::kRead) {
+    return Status::Ok();
+  }
   if ((completion.wr_id & kResyncTag) != 0 && completion.opcode == transport::Opcode::kRead) {
     resync_outstanding_ = false;
     return Status::Ok();

@@ -84,8 +84,17 @@ class Replica {
   // was when it cannot take the persist now (nothing of it will complete;
   // a Write already posted may still land, which is harmless to a caller
   // that records the ranges dirty for this replica).
+  //
+  // `group_ends` (ascending, each < ranges.size()): the persist is several
+  // ordered groups, a group ending before each index named: under APM each
+  // group's Writes are followed by a flush Read of their own, posted at
+  // once and not waited for, so that no group is placed before the one
+  // before it is flushed (the tcp target persists at each Read). GPSPM
+  // cannot keep that order inside one persist: kInternal (the pipeline
+  // starts each group as a persist of its own there).
   Status post_persist(uint64_t sequence, std::span<const protocol::Range> ranges,
-                      std::optional<size_t> staged_at = std::nullopt, bool may_wait = true);
+                      std::optional<size_t> staged_at = std::nullopt, bool may_wait = true,
+                      std::span<const size_t> group_ends = {});
   Status post_persist(uint64_t sequence, uint64_t offset, uint64_t length, bool may_wait = true) {
     const protocol::Range range{offset, length};
     return post_persist(sequence, std::span(&range, 1), std::nullopt, may_wait);
@@ -199,7 +208,8 @@ class Replica {
   // `now`: when it is posted (the caller's one clock read).
   Status post_write_flush(uint64_t sequence, std::span<const protocol::Range> ranges,
                           std::optional<size_t> staged_at, bool may_wait,
-                          std::chrono::steady_clock::time_point now);
+                          std::chrono::steady_clock::time_point now,
+                          std::span<const size_t> group_ends = {});
   // Posts the pending Commit alone (its receive slot awaited as
   // await_credit(may_wait) does).
   Status post_pending_commit(bool may_wait);

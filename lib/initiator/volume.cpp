@@ -435,8 +435,24 @@ Result<uint64_t> Volume::persist_async(uint64_t offset, uint64_t length) {
 
 Result<uint64_t> Volume::persist_async(const PersistRange* ranges, size_t count,
                                        const void* snapshot) {
+  return persist_ordered_async(ranges, count, nullptr, 0, snapshot);
+}
+
+Result<uint64_t> Volume::persist_ordered_async(const PersistRange* ranges, size_t count,
+                                               const uint32_t* group_sizes, size_t groups,
+                                               const void* snapshot) {
   if (ranges == nullptr && count > 0) {
     return Status(Errc::kInvalidArgument, "persist_async: ranges is null");
+  }
+  if (group_sizes == nullptr && groups > 0) {
+    return Status(Errc::kInvalidArgument, "persist_ordered_async: group_sizes is null");
+  }
+  uint64_t grouped = 0;
+  for (size_t g = 0; g < groups; ++g) grouped += group_sizes[g];
+  if (groups > 0 && grouped != count) {
+    return Status(Errc::kInvalidArgument, "persist_ordered_async: the group sizes add up to " +
+                                              std::to_string(grouped) + " ranges, not " +
+                                              std::to_string(count));
   }
   uint64_t bytes = 0;
   for (size_t i = 0; i < count; ++i) {
@@ -455,11 +471,25 @@ Result<uint64_t> Volume::persist_async(const PersistRange* ranges, size_t count,
   }
   auto lock = app_lock(impl_->core);
   std::vector<protocol::Range>& kept = impl_->ranges_scratch;
+  std::vector<size_t>& starts = impl_->group_starts_scratch;
   kept.clear();
+  starts.clear();
+  size_t group = 0, left_in_group = groups > 0 ? group_sizes[0] : count;
   for (size_t i = 0; i < count; ++i) {
+    while (left_in_group == 0 && group + 1 < groups) {
+      left_in_group = group_sizes[++group];
+      // A group starts at the next kept range (an empty group starts none).
+      if (left_in_group > 0 && !kept.empty() && (starts.empty() || starts.back() < kept.size())) {
+        starts.push_back(kept.size());
+      }
+    }
+    --left_in_group;
     if (ranges[i].length > 0) kept.push_back(protocol::Range{ranges[i].offset, ranges[i].length});
   }
-  return impl_->pipeline.start(lock, kept, taken);
+  // A group whose ranges were all empty left a start at the end, or two at
+  // one place (deduplicated above).
+  while (!starts.empty() && starts.back() >= kept.size()) starts.pop_back();
+  return impl_->pipeline.start(lock, kept, taken, starts);
 }
 
 Status Volume::wait(uint64_t sequence) {

@@ -27,6 +27,7 @@ cxx_api=(
   'pmirror::Volume::write(unsigned long, void const*, unsigned long)'
   'pmirror::Volume::persist_async(unsigned long, unsigned long)'
   'pmirror::Volume::persist_async(pmirror::PersistRange const*, unsigned long, void const*)'
+  'pmirror::Volume::persist_ordered_async(pmirror::PersistRange const*, unsigned long, unsigned int const*, unsigned long, void const*)'
   'pmirror::Volume::wait(unsigned long)'
   'pmirror::Volume::drain()'
   'pmirror::Volume::resync(std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > const&, bool)'
