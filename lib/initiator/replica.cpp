@@ -66,6 +66,7 @@ Status Replica::handshake(const Setup& setup) {
   if (!connection.ok()) return connection.status();
   connection_ = std::move(connection).value();
   messenger_ = std::make_unique<session::Messenger>(*connection_);
+  placed_in_order_ = kind == transport::Kind::kRdma;
 
   auto client_nonce = auth::random_nonce();
   if (!client_nonce.ok()) return client_nonce.status();
@@ -239,8 +240,10 @@ Status Replica::post_write_flush(uint64_t sequence, std::span<const protocol::Ra
   size_t next_end = 0;  // group_ends[next_end]: where the current group ends
   for (size_t i = 0; i < ranges.size(); ++i) {
     const protocol::Range& range = ranges[i];
-    if (next_end < group_ends.size() && group_ends[next_end] == i) {
-      // The groups before are flushed before anything of this one is placed.
+    if (!placed_in_order_ && next_end < group_ends.size() && group_ends[next_end] == i) {
+      // The groups before are flushed before anything of this one is placed
+      // (over rdma APM placement order is durability order already, as
+      // between pipelined persists: docs/protocol.md, "Ordering").
       const protocol::Range& last = ranges[i - 1];
       list.push_back(transport::WorkRequest::read(
           *flush_region_, 0, kFlushReadSize, remote_,

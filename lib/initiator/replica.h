@@ -86,10 +86,12 @@ class Replica {
   // that records the ranges dirty for this replica).
   //
   // `group_ends` (ascending, each < ranges.size()): the persist is several
-  // ordered groups, a group ending before each index named: under APM each
-  // group's Writes are followed by a flush Read of their own, posted at
-  // once and not waited for, so that no group is placed before the one
-  // before it is flushed (the tcp target persists at each Read). GPSPM
+  // ordered groups, a group ending before each index named: under APM over
+  // tcp (and the fake) each group's Writes are followed by a flush Read of
+  // their own, posted at once and not waited for, so that no group is
+  // placed before the one before it is flushed (the tcp target persists at
+  // each Read); over rdma placement order is durability order, and the
+  // groups need nothing between them. GPSPM
   // cannot keep that order inside one persist: kInternal (the pipeline
   // starts each group as a persist of its own there).
   Status post_persist(uint64_t sequence, std::span<const protocol::Range> ranges,
@@ -235,6 +237,10 @@ class Replica {
   transport::RemoteKey remote_;
   uint64_t remote_size_ = 0;
   bool apm_ = false;
+  // Under APM, placed Writes become durable in placement order (rdma: the
+  // model APM assumes); tcp and the fake persist at a Read instead, so an
+  // ordered persist's groups need a flush each there.
+  bool placed_in_order_ = false;
   uint64_t generation_ = 0;
   uint64_t remote_last_sequence_ = 0;
   uint32_t credits_ = 0;

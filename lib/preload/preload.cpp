@@ -304,18 +304,24 @@ struct MirrorState {
 // ---- observed mode: drains handed over as snapshots ------------------------------
 //
 // A drain copies the bytes of its group (from the local copy, just
-// drained) into an epoch and returns; the mirroring thread starts each
-// epoch as one persist carrying those bytes (Volume::persist_async with a
-// snapshot), in hand-over order -- so the replicas see the program's
-// drains in order, and get what each drain made durable even though the
-// program goes on storing to the same bytes. A point where the program's
-// state can be seen outside it (observe_point) waits until every epoch
-// handed over before it is durable on the replicas the ack policy needs.
+// drained) into an epoch and returns. The epochs wait, and are started
+// together as one ordered persist carrying those bytes
+// (Volume::persist_ordered_async, a group per epoch, with a snapshot) --
+// so the replicas see the program's drains in order, and get what each
+// drain made durable even though the program goes on storing to the same
+// bytes. A point where the program's state can be seen outside it
+// (observe_point) starts the epochs handed over before it, in its own
+// thread, and waits until they are durable on the replicas the ack policy
+// needs: a transaction's five or so drains then cost one persist and one
+// round trip, as one pmirror_persist would. Epochs nobody observes are
+// started by the mirroring thread after kLinger, or at once when the ring
+// is half full.
 constexpr uint64_t kSnapshotBuffer = 4ull << 20;  // libpmirror's, and what epochs may hold
 // A drain of more than this is mirrored the old way: the program waits
 // (the epochs before it first), and the replicas read the mapping.
 constexpr uint64_t kMaxSnapshotDrain = kSnapshotBuffer / 4;
 constexpr uint64_t kEpochSlots = 256;
+constexpr auto kLinger = std::chrono::milliseconds(1);
 
 struct Epoch {
   std::vector<pmirror::PersistRange> ranges;
@@ -328,14 +334,27 @@ struct ObservedState {
   uint64_t produced = 0;       // epochs handed over (epoch n is slots[n % kEpochSlots])
   uint64_t consumed = 0;       // epochs started as persists (their bytes copied)
   uint64_t pending_bytes = 0;  // bytes of epochs handed over and not started
-  std::condition_variable room;     // a slot or bytes freed
-  std::condition_variable durable;  // `durable_epochs` moved, or failed
+  std::condition_variable room;  // a slot or bytes freed
+  bool worker_lingering = false;  // the mirroring thread waits kLinger before it starts them
   std::atomic<uint64_t> handed{0};          // == produced
   std::atomic<uint64_t> durable_epochs{0};  // epochs durable on the replicas
-  std::atomic<bool> sync_wanted{false};     // a thread waits at an observation point
   std::atomic<bool> failed{false};
   pmirror::Status failure;  // why, once failed
+
+  // Starting epochs: one thread at a time, so that they start in order.
+  // Guarded by `posting`, not by MirrorState::mutex.
+  std::mutex posting;
+  uint64_t started = 0;        // epochs started (== consumed once posting is released)
+  uint64_t last_sequence = 0;  // the persist that stands for them
+  std::vector<pmirror::PersistRange> ranges;  // start_epochs' scratch, kept
+  std::vector<uint32_t> group_sizes;
+  std::vector<std::byte> bytes;
 };
+
+// Enough waiting for an observation point: start them now.
+bool epochs_pile_up(const ObservedState& ob) {
+  return ob.produced - ob.consumed >= kEpochSlots / 2 || ob.pending_bytes >= kSnapshotBuffer / 2;
+}
 ObservedState& observed() {
   static ObservedState* const made = new ObservedState;  // never deleted, as state()
   return *made;
@@ -441,59 +460,105 @@ void settle_unpersisted() {
   }
 }
 
-// Starts the epochs handed over, in order, as long as more come (a
-// transaction's drains come a few microseconds apart) and nobody waits at
-// an observation point; then waits until they are durable and says so.
-// With the mutex held on entry and exit.
-void mirror_epochs(std::unique_lock<std::mutex>& lock) {
+// Marks the calling thread as pmirror's own while libpmirror works in it
+// (its socket writes are no observation points, its mappings no pool's).
+class InsidePmirror {
+ public:
+  InsidePmirror() : was_(t_inside) { t_inside = true; }
+  ~InsidePmirror() { t_inside = was_; }
+  InsidePmirror(const InsidePmirror&) = delete;
+  InsidePmirror& operator=(const InsidePmirror&) = delete;
+
+ private:
+  bool was_;
+};
+
+void note_failure(const pmirror::Status& why) {
   MirrorState& st = state();
   ObservedState& ob = observed();
-  uint64_t last_sequence = 0;
-  pmirror::Status failed;
-  while (true) {
-    while (ob.consumed < ob.produced) {
-      Epoch& epoch = ob.slots[ob.consumed % kEpochSlots];
-      lock.unlock();
-      if (failed.ok()) {
-        auto started =
-            st.volume->persist_async(epoch.ranges.data(), epoch.ranges.size(), epoch.bytes.data());
-        if (started.ok()) {
-          last_sequence = *started;
-        } else {
-          failed = started.status();
-        }
-      }
-      lock.lock();
-      ob.pending_bytes -= epoch.bytes.size();
-      if (epoch.bytes.capacity() > (256u << 10)) std::vector<std::byte>().swap(epoch.bytes);
-      ++ob.consumed;
-      ob.room.notify_all();
-    }
-    if (!failed.ok()) break;
-    lock.unlock();
-    bool more = spin_until([&] {
-      return ob.handed.load(std::memory_order_acquire) != ob.consumed ||
-             ob.sync_wanted.load(std::memory_order_acquire);
-    });
-    lock.lock();
-    if (!more || ob.consumed == ob.produced) break;
+  std::lock_guard lock(st.mutex);
+  // The program stops at its next drain or observation point: nothing it
+  // does after this can be seen outside it.
+  if (!ob.failed.load(std::memory_order_relaxed)) ob.failure = why;
+  ob.failed.store(true, std::memory_order_release);
+  ob.room.notify_all();
+}
+
+// Starts every epoch handed over and not started yet as one ordered
+// persist, a group per epoch (libpmirror splits it where its limits say,
+// in order). With ob.posting held, not MirrorState::mutex.
+void start_epochs() {
+  MirrorState& st = state();
+  ObservedState& ob = observed();
+  uint64_t to = 0;
+  {
+    std::lock_guard lock(st.mutex);
+    to = ob.produced;
   }
-  const uint64_t upto = ob.consumed;
-  ob.sync_wanted.store(false, std::memory_order_relaxed);
-  lock.unlock();
-  if (failed.ok() && last_sequence != 0) failed = st.volume->wait(last_sequence);
+  const uint64_t from = ob.started;
+  if (from == to || ob.failed.load(std::memory_order_acquire)) return;
+  // The slots [from, to) are ours until consumed moves: hand_over fills
+  // only slots past `produced`, and only while the ring has room.
+  ob.ranges.clear();
+  ob.group_sizes.clear();
+  ob.bytes.clear();
+  for (uint64_t n = from; n < to; ++n) {
+    const Epoch& epoch = ob.slots[n % kEpochSlots];
+    ob.ranges.insert(ob.ranges.end(), epoch.ranges.begin(), epoch.ranges.end());
+    ob.group_sizes.push_back(static_cast<uint32_t>(epoch.ranges.size()));
+    ob.bytes.insert(ob.bytes.end(), epoch.bytes.begin(), epoch.bytes.end());
+  }
+  pmirror::Result<uint64_t> started = pmirror::Status::Ok();
+  {
+    InsidePmirror inside;
+    started = st.volume->persist_ordered_async(ob.ranges.data(), ob.ranges.size(),
+                                               ob.group_sizes.data(), ob.group_sizes.size(),
+                                               ob.bytes.data());
+  }
+  if (ob.bytes.capacity() > (1u << 20)) std::vector<std::byte>().swap(ob.bytes);
+  ob.started = to;
+  if (started.ok()) ob.last_sequence = *started;
   g_unsettled.store(true, std::memory_order_relaxed);
   g_mirrored.store(true, std::memory_order_relaxed);
-  lock.lock();
-  if (!failed.ok()) {
-    // The program stops at its next drain or observation point: nothing
-    // it does after this can be seen outside it.
-    if (!ob.failed.load(std::memory_order_relaxed)) ob.failure = failed;
-    ob.failed.store(true, std::memory_order_release);
-  } else {
-    ob.durable_epochs.store(upto, std::memory_order_release);
+  {
+    std::lock_guard lock(st.mutex);
+    for (uint64_t n = from; n < to; ++n) {
+      Epoch& epoch = ob.slots[n % kEpochSlots];
+      ob.pending_bytes -= epoch.bytes.size();
+      if (epoch.bytes.capacity() > (256u << 10)) std::vector<std::byte>().swap(epoch.bytes);
+    }
+    ob.consumed = to;
+    ob.room.notify_all();
   }
-  ob.durable.notify_all();
+  if (!started.ok()) note_failure(started.status());
+}
+
+// The mirroring thread's part: epochs that no observation point takes
+// within kLinger (or that pile up) are started here, and not waited for.
+// With MirrorState::mutex held on entry and exit.
+void linger_then_start(std::unique_lock<std::mutex>& lock) {
+  MirrorState& st = state();
+  ObservedState& ob = observed();
+  ob.worker_lingering = true;
+  st.wake.wait_for(lock, kLinger, [&] {
+    return ob.consumed == ob.produced || st.stop || st.settle || !st.requests.empty() ||
+           epochs_pile_up(ob) || ob.failed.load(std::memory_order_relaxed);
+  });
+  ob.worker_lingering = false;
+  if (ob.consumed == ob.produced) return;
+  lock.unlock();
+  {
+    std::lock_guard posting(ob.posting);
+    start_epochs();
+  }
+  lock.lock();
+  if (ob.failed.load(std::memory_order_relaxed)) {
+    // Nobody takes the epochs left: the program stops at its next drain
+    // or observation point.
+    ob.pending_bytes = 0;
+    ob.consumed = ob.produced;
+    ob.room.notify_all();
+  }
 }
 
 void worker_loop() {
@@ -504,12 +569,13 @@ void worker_loop() {
   std::unique_lock lock(st.mutex);
   while (true) {
     if (st.requests.empty() && !st.stop && !st.settle && ob.consumed == ob.produced) {
-      lock.unlock();
-      spin_until([&] {
-        return st.queued.load(std::memory_order_acquire) != 0 ||
-               ob.handed.load(std::memory_order_acquire) != ob.consumed;
-      });
-      lock.lock();
+      if (!g_observed) {
+        // Drain mode: the program waits at each drain, so the hand-off
+        // spins first (observed mode's epochs wait anyway: no spin).
+        lock.unlock();
+        spin_until([&] { return st.queued.load(std::memory_order_acquire) != 0; });
+        lock.lock();
+      }
       st.worker_asleep = true;
       st.wake.wait(lock, [&] {
         return st.stop || st.settle || !st.requests.empty() || ob.consumed != ob.produced;
@@ -517,7 +583,7 @@ void worker_loop() {
       st.worker_asleep = false;
     }
     if (ob.consumed != ob.produced) {
-      mirror_epochs(lock);
+      linger_then_start(lock);
       continue;
     }
     if (st.requests.empty()) {
@@ -526,6 +592,10 @@ void worker_loop() {
         st.settle = false;
         g_mirrored.store(false, std::memory_order_relaxed);
         lock.unlock();
+        // The epochs started last are compared once they landed.
+        if (pmirror::Status drained = st.volume->drain(); !drained.ok() && g_observed) {
+          note_failure(drained);
+        }
         settle_unpersisted();
         lock.lock();
         continue;  // drains may have queued meanwhile (a pool opened again)
@@ -556,7 +626,7 @@ void pool_closed() {
   MirrorState& st = state();
   std::lock_guard lock(st.mutex);
   st.settle = true;
-  if (st.worker_asleep) st.wake.notify_one();
+  if (st.worker_asleep || observed().worker_lingering) st.wake.notify_one();
 }
 
 void observe_point();
@@ -573,9 +643,15 @@ bool hand_over(PendingGroup& group) {
   if (ob.failed.load(std::memory_order_acquire)) stop_program(ob.failure);
   std::unique_lock lock(st.mutex);
   ob.room.wait(lock, [&] {
-    return ob.produced - ob.consumed < kEpochSlots &&
-           ob.pending_bytes + total <= kSnapshotBuffer;
+    return (ob.produced - ob.consumed < kEpochSlots &&
+            ob.pending_bytes + total <= kSnapshotBuffer) ||
+           ob.failed.load(std::memory_order_relaxed);
   });
+  if (ob.failed.load(std::memory_order_relaxed)) {
+    pmirror::Status why = ob.failure;
+    lock.unlock();
+    stop_program(why);
+  }
   Epoch& epoch = ob.slots[ob.produced % kEpochSlots];
   epoch.ranges.resize(static_cast<size_t>(group.count));
   epoch.bytes.resize(total);
@@ -588,7 +664,7 @@ bool hand_over(PendingGroup& group) {
   ++ob.produced;
   ob.pending_bytes += total;
   ob.handed.store(ob.produced, std::memory_order_release);
-  if (st.worker_asleep) st.wake.notify_one();
+  if (st.worker_asleep || (ob.worker_lingering && epochs_pile_up(ob))) st.wake.notify_one();
   return true;
 }
 
@@ -609,7 +685,7 @@ void mirror_pending() {
     std::unique_lock lock(st.mutex);
     st.requests.push_back(&request);
     st.queued.store(st.requests.size(), std::memory_order_release);
-    if (st.worker_asleep) st.wake.notify_one();
+    if (st.worker_asleep || observed().worker_lingering) st.wake.notify_one();
     lock.unlock();
     if (!spin_until([&] { return request.done.load(std::memory_order_acquire); })) {
       lock.lock();
@@ -671,20 +747,41 @@ void observe_point() {
   }
   ObservedState& ob = observed();
   const uint64_t target = ob.handed.load(std::memory_order_acquire);
-  auto done = [&] {
-    return ob.durable_epochs.load(std::memory_order_acquire) >= target ||
-           ob.failed.load(std::memory_order_acquire);
-  };
-  if (!done()) {
-    MirrorState& st = state();
-    ob.sync_wanted.store(true, std::memory_order_release);
-    if (!spin_until(done)) {
-      std::unique_lock lock(st.mutex);
-      if (st.worker_asleep) st.wake.notify_one();
-      ob.durable.wait(lock, done);
+  if (ob.durable_epochs.load(std::memory_order_acquire) < target &&
+      !ob.failed.load(std::memory_order_acquire)) {
+    // This thread starts what is left (with what other threads handed
+    // over meanwhile: harmless) and waits for it.
+    uint64_t sequence = 0, upto = 0;
+    {
+      std::lock_guard posting(ob.posting);
+      if (ob.started < target) start_epochs();
+      sequence = ob.last_sequence;
+      upto = ob.started;
+    }
+    if (!ob.failed.load(std::memory_order_acquire) && sequence != 0) {
+      pmirror::Status waited;
+      {
+        InsidePmirror inside;
+        waited = state().volume->wait(sequence);
+      }
+      if (!waited.ok()) {
+        note_failure(waited);
+      } else {
+        uint64_t durable = ob.durable_epochs.load(std::memory_order_relaxed);
+        while (durable < upto && !ob.durable_epochs.compare_exchange_weak(
+                                     durable, upto, std::memory_order_release)) {
+        }
+      }
     }
   }
-  if (ob.failed.load(std::memory_order_acquire)) stop_program(ob.failure);
+  if (ob.failed.load(std::memory_order_acquire)) {
+    pmirror::Status why;
+    {
+      std::lock_guard lock(state().mutex);
+      why = ob.failure;
+    }
+    stop_program(why);
+  }
 }
 
 // ---- start and end ----------------------------------------------------------------
