@@ -9,6 +9,10 @@
  *       LOG (one write: the commit made visible outside the process). POOL
  *       is created if it is not a pool yet: an existing zero-filled file of
  *       at least 16 MiB (pmirror's `create: true`) or a new 16 MiB file.
+ *       With TWO_COUNTERS_LOG_IN_TX=1 in the environment, the line of
+ *       transaction K is written inside transaction K+1 instead (the last
+ *       one after the loop): a write inside a libpmemobj transaction, which
+ *       pmirror-run's observed mode serves from its own thread.
  *   pmemobj-two-counters check POOL [LOG]
  *       opens POOL (a copy: libpmemobj's recovery writes to it) and checks
  *       that the two counters are equal and that the newest node holds their
@@ -83,11 +87,16 @@ static int prepare(PMEMobjpool* pop, PMEMoid root_oid) {
  * One transaction: 0, or -1 if it aborted. Locals that a transaction
  * changes and that are read after it are volatile (TX_BEGIN is a setjmp).
  */
-static int transaction(PMEMobjpool* pop, PMEMoid root_oid, uint64_t* committed) {
+static int transaction(PMEMobjpool* pop, PMEMoid root_oid, uint64_t* committed, int log_fd,
+                       const char* line_before) {
   struct root* r = pmemobj_direct(root_oid);
   volatile uint64_t k = 0;
   volatile int failed = 0;
   TX_BEGIN(pop) {
+    if (line_before != NULL && line_before[0] != '\0') {
+      size_t n = strlen(line_before);
+      if (write(log_fd, line_before, n) != (ssize_t)n) pmemobj_tx_abort(errno != 0 ? errno : EIO);
+    }
     k = r->a + 1;
     pmemobj_tx_add_range(root_oid, offsetof(struct root, a), sizeof(uint64_t));
     pmemobj_tx_add_range(r->far, FAR_SIZE - sizeof(uint64_t), sizeof(uint64_t));
@@ -120,19 +129,26 @@ static int run(const char* pool, const char* log, uint64_t count) {
     fprintf(stderr, "pmemobj-two-counters: cannot prepare the pool: %s\n", pmemobj_errormsg());
     status = 1;
   }
+  const char* in_tx = getenv("TWO_COUNTERS_LOG_IN_TX");
+  const int log_in_tx = in_tx != NULL && strcmp(in_tx, "1") == 0;
+  char line[64] = "";
   for (uint64_t i = 0; i < count && status == 0; i++) {
     uint64_t k;
-    if (transaction(pop, root_oid, &k) != 0) {
+    if (transaction(pop, root_oid, &k, log_fd, log_in_tx ? line : NULL) != 0) {
       fprintf(stderr, "pmemobj-two-counters: transaction aborted: %s\n", pmemobj_errormsg());
       status = 1;
       break;
     }
-    char line[64];
     int n = snprintf(line, sizeof(line), "committed %" PRIu64 "\n", k);
-    if (write(log_fd, line, (size_t)n) != n) {
+    if (!log_in_tx && write(log_fd, line, (size_t)n) != n) {
       fprintf(stderr, "pmemobj-two-counters: %s: %s\n", log, strerror(errno));
       status = 1;
     }
+  }
+  if (log_in_tx && status == 0 && line[0] != '\0' &&
+      write(log_fd, line, strlen(line)) != (ssize_t)strlen(line)) {
+    fprintf(stderr, "pmemobj-two-counters: %s: %s\n", log, strerror(errno));
+    status = 1;
   }
   if (status == 0) {
     const struct root* r = pmemobj_direct(root_oid);

@@ -336,6 +336,10 @@ struct ObservedState {
   uint64_t pending_bytes = 0;  // bytes of epochs handed over and not started
   std::condition_variable room;  // a slot or bytes freed
   bool worker_lingering = false;  // the mirroring thread waits kLinger before it starts them
+  std::condition_variable durable;  // `durable_epochs` moved, or failed
+  // A thread inside a libpmemobj transaction waits at an observation point:
+  // the mirroring thread makes the epochs durable for it.
+  std::atomic<uint64_t> durable_wanted{0};
   std::atomic<uint64_t> handed{0};          // == produced
   std::atomic<uint64_t> durable_epochs{0};  // epochs durable on the replicas
   std::atomic<bool> failed{false};
@@ -347,6 +351,10 @@ struct ObservedState {
   uint64_t started = 0;        // epochs started (== consumed once posting is released)
   uint64_t last_sequence = 0;  // the persist that stands for them
   std::vector<pmirror::PersistRange> ranges;  // start_epochs' scratch, kept
+  // What was started, said at exit with --log-level info.
+  uint64_t calls = 0;
+  uint64_t ranges_started = 0;
+  uint64_t bytes_started = 0;
   std::vector<uint32_t> group_sizes;
   std::vector<std::byte> bytes;
 };
@@ -482,6 +490,7 @@ void note_failure(const pmirror::Status& why) {
   if (!ob.failed.load(std::memory_order_relaxed)) ob.failure = why;
   ob.failed.store(true, std::memory_order_release);
   ob.room.notify_all();
+  ob.durable.notify_all();
 }
 
 // Starts every epoch handed over and not started yet as one ordered
@@ -515,6 +524,9 @@ void start_epochs() {
                                                ob.group_sizes.data(), ob.group_sizes.size(),
                                                ob.bytes.data());
   }
+  ++ob.calls;
+  ob.ranges_started += ob.ranges.size();
+  ob.bytes_started += ob.bytes.size();
   if (ob.bytes.capacity() > (1u << 20)) std::vector<std::byte>().swap(ob.bytes);
   ob.started = to;
   if (started.ok()) ob.last_sequence = *started;
@@ -533,25 +545,64 @@ void start_epochs() {
   if (!started.ok()) note_failure(started.status());
 }
 
-// The mirroring thread's part: epochs that no observation point takes
-// within kLinger (or that pile up) are started here, and not waited for.
+// Starts the epochs not started yet and waits until every epoch started
+// is durable on the replicas the ack policy needs (a failure is noted).
+void make_epochs_durable() {
+  ObservedState& ob = observed();
+  uint64_t sequence = 0, upto = 0;
+  {
+    std::lock_guard posting(ob.posting);
+    start_epochs();
+    sequence = ob.last_sequence;
+    upto = ob.started;
+  }
+  if (ob.failed.load(std::memory_order_acquire) || sequence == 0) return;
+  pmirror::Status waited;
+  {
+    InsidePmirror inside;
+    waited = state().volume->wait(sequence);
+  }
+  if (!waited.ok()) {
+    note_failure(waited);
+    return;
+  }
+  uint64_t durable = ob.durable_epochs.load(std::memory_order_relaxed);
+  while (durable < upto &&
+         !ob.durable_epochs.compare_exchange_weak(durable, upto, std::memory_order_release)) {
+  }
+}
+
+// The mirroring thread's part in observed mode. While drains come, it
+// looks every kLinger (a timed sleep: no hand-off wakes it): epochs that no
+// observation point took since it last looked are started here, not waited
+// for; a thread inside a libpmemobj transaction that waits at an
+// observation point is served at once. After kIdlePolls looks with nothing
+// to do it sleeps until the next drain wakes it.
+constexpr int kIdlePolls = 10;
+
+bool durable_wanted(const ObservedState& ob) {
+  return ob.durable_wanted.load(std::memory_order_relaxed) >
+         ob.durable_epochs.load(std::memory_order_relaxed);
+}
+
 // With MirrorState::mutex held on entry and exit.
-void linger_then_start(std::unique_lock<std::mutex>& lock) {
+void serve_epochs(std::unique_lock<std::mutex>& lock, uint64_t& seen) {
   MirrorState& st = state();
   ObservedState& ob = observed();
-  ob.worker_lingering = true;
-  st.wake.wait_for(lock, kLinger, [&] {
-    return ob.consumed == ob.produced || st.stop || st.settle || !st.requests.empty() ||
-           epochs_pile_up(ob) || ob.failed.load(std::memory_order_relaxed);
-  });
-  ob.worker_lingering = false;
-  if (ob.consumed == ob.produced) return;
+  const bool wanted = durable_wanted(ob);
+  // Epochs handed over before the last look (or piling up) are due.
+  const bool due = ob.consumed < seen || epochs_pile_up(ob) || st.stop || st.settle;
+  seen = ob.produced;
+  if (!wanted && !due) return;
   lock.unlock();
-  {
+  if (wanted) {
+    make_epochs_durable();
+  } else {
     std::lock_guard posting(ob.posting);
     start_epochs();
   }
   lock.lock();
+  if (wanted) ob.durable.notify_all();
   if (ob.failed.load(std::memory_order_relaxed)) {
     // Nobody takes the epochs left: the program stops at its next drain
     // or observation point.
@@ -567,24 +618,41 @@ void worker_loop() {
   ObservedState& ob = observed();
   std::vector<MirrorRequest*> batch;
   std::unique_lock lock(st.mutex);
+  uint64_t seen = 0;  // epochs handed over when the thread last looked
+  int idle_polls = 0;
   while (true) {
-    if (st.requests.empty() && !st.stop && !st.settle && ob.consumed == ob.produced) {
-      if (!g_observed) {
-        // Drain mode: the program waits at each drain, so the hand-off
-        // spins first (observed mode's epochs wait anyway: no spin).
-        lock.unlock();
-        spin_until([&] { return st.queued.load(std::memory_order_acquire) != 0; });
-        lock.lock();
+    if (g_observed) {
+      serve_epochs(lock, seen);
+      const bool busy = ob.consumed != ob.produced;
+      idle_polls = busy ? 0 : idle_polls + 1;
+      if (st.requests.empty() && !st.stop && !st.settle && !durable_wanted(ob)) {
+        auto woken = [&] {
+          return st.stop || st.settle || !st.requests.empty() || durable_wanted(ob) ||
+                 epochs_pile_up(ob) || ob.failed.load(std::memory_order_relaxed);
+        };
+        if (busy || idle_polls < kIdlePolls) {
+          ob.worker_lingering = true;
+          st.wake.wait_for(lock, kLinger, woken);
+          ob.worker_lingering = false;
+        } else {
+          st.worker_asleep = true;
+          st.wake.wait(lock, [&] { return woken() || ob.consumed != ob.produced; });
+          st.worker_asleep = false;
+          idle_polls = 0;
+          seen = ob.consumed;  // the epoch that woke it gets its kLinger
+        }
+        continue;
       }
+      if (ob.consumed != ob.produced && (st.stop || st.settle)) continue;  // started first
+    } else if (st.requests.empty() && !st.stop && !st.settle) {
+      // Drain mode: the program waits at each drain, so the hand-off spins
+      // first.
+      lock.unlock();
+      spin_until([&] { return st.queued.load(std::memory_order_acquire) != 0; });
+      lock.lock();
       st.worker_asleep = true;
-      st.wake.wait(lock, [&] {
-        return st.stop || st.settle || !st.requests.empty() || ob.consumed != ob.produced;
-      });
+      st.wake.wait(lock, [&] { return st.stop || st.settle || !st.requests.empty(); });
       st.worker_asleep = false;
-    }
-    if (ob.consumed != ob.produced) {
-      linger_then_start(lock);
-      continue;
     }
     if (st.requests.empty()) {
       // The pool closed, or the program exits: settle what it left, once.
@@ -741,37 +809,42 @@ void drain_here() {
 // write, a send, an fsync, an exit, ...): wait until every drain handed
 // over before now is durable on the replicas the ack policy needs.
 // pmirror's own threads (and those they start) pass.
+// Whether the calling thread is inside a libpmemobj transaction (libpmirror
+// links libpmemobj, so the program's and libpmirror's are one library).
+bool in_pmemobj_transaction() {
+  using TxStage = int (*)();
+  static const TxStage stage =
+      reinterpret_cast<TxStage>(dlsym(RTLD_DEFAULT, "pmemobj_tx_stage"));
+  return stage == nullptr || stage() != 0;  // TX_STAGE_NONE is 0; unknown: the safe way
+}
+
 void observe_point() {
   if (!g_observed || t_inside || g_forked_child || !g_watching.load(std::memory_order_acquire)) {
     return;
   }
   ObservedState& ob = observed();
   const uint64_t target = ob.handed.load(std::memory_order_acquire);
-  if (ob.durable_epochs.load(std::memory_order_acquire) < target &&
-      !ob.failed.load(std::memory_order_acquire)) {
-    // This thread starts what is left (with what other threads handed
-    // over meanwhile: harmless) and waits for it.
-    uint64_t sequence = 0, upto = 0;
-    {
-      std::lock_guard posting(ob.posting);
-      if (ob.started < target) start_epochs();
-      sequence = ob.last_sequence;
-      upto = ob.started;
-    }
-    if (!ob.failed.load(std::memory_order_acquire) && sequence != 0) {
-      pmirror::Status waited;
-      {
-        InsidePmirror inside;
-        waited = state().volume->wait(sequence);
+  auto done = [&] {
+    return ob.durable_epochs.load(std::memory_order_acquire) >= target ||
+           ob.failed.load(std::memory_order_acquire);
+  };
+  if (!done()) {
+    if (!in_pmemobj_transaction()) {
+      // This thread starts what is left (with what other threads handed
+      // over meanwhile: harmless) and waits for it: no hand-off.
+      make_epochs_durable();
+    } else {
+      // libpmirror's bookkeeping is libpmemobj too, whose transactions are
+      // per thread: inside the program's own it runs on the mirroring
+      // thread (section 2 of docs/pmdk.md).
+      MirrorState& st = state();
+      std::unique_lock lock(st.mutex);
+      uint64_t wanted = ob.durable_wanted.load(std::memory_order_relaxed);
+      while (wanted < target &&
+             !ob.durable_wanted.compare_exchange_weak(wanted, target, std::memory_order_release)) {
       }
-      if (!waited.ok()) {
-        note_failure(waited);
-      } else {
-        uint64_t durable = ob.durable_epochs.load(std::memory_order_relaxed);
-        while (durable < upto && !ob.durable_epochs.compare_exchange_weak(
-                                     durable, upto, std::memory_order_release)) {
-        }
-      }
+      st.wake.notify_one();
+      ob.durable.wait(lock, done);
     }
   }
   if (ob.failed.load(std::memory_order_acquire)) {
@@ -879,6 +952,16 @@ void stop_mirroring() {
     st.wake.notify_one();
   }
   st.worker.join();
+  ObservedState& ob = observed();
+  if (g_verbose && g_observed) {
+    std::fprintf(stderr,
+                 "pmirror-run: volume '%s': %llu drains mirrored as %llu ordered persists "
+                 "(%llu ranges, %llu bytes)\n",
+                 g_volume_name, static_cast<unsigned long long>(ob.started),
+                 static_cast<unsigned long long>(ob.calls),
+                 static_cast<unsigned long long>(ob.ranges_started),
+                 static_cast<unsigned long long>(ob.bytes_started));
+  }
 }
 
 }  // namespace
