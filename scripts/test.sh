@@ -113,6 +113,11 @@ if [[ $extended == 1 ]]; then
         kill_status=1
     done
   done
+  # The log line written inside the next transaction (observation points
+  # inside a libpmemobj transaction).
+  TWO_COUNTERS_LOG_IN_TX=1 PMIRROR_TEST_DURABILITY=observed "$repo/tests/pmdk/kill_test.sh" \
+    "$repo/build/daemon/pmirror-run" "$repo/build/daemon/pmirrord" \
+    "$repo/build/examples/pmemobj-two-counters" 50 16MiB || kill_status=1
   ((kill_status == 0)) || { echo "the crash tests failed (above)" >&2; exit 1; }
   stage "Pacemaker: three nodes, the primary's cut off"
   "$repo/scripts/pacemaker-cluster.sh" 3

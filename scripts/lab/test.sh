@@ -5,7 +5,9 @@
 #     start-up check);
 #  2. (PMIRROR_EXTENDED=1 only: scripts/test-extended.sh) two guests joined
 #     by a link with packet loss: a mirrored stream across nodes, compared
-#     by SHA-256;
+#     by SHA-256; and one guest where pmirror-run is killed under load over
+#     rdma (scripts/lab/tests/guest-pmdk-kill.sh, PMIRROR_LAB_KILLS per
+#     program and mode, default 10);
 #  3. two guests: replica recovery over rdma -- kill -9 of a replica's
 #     pmirrord mid-stream and 100% netem loss, each followed by a dirty-only
 #     resync (chunks counted), every acknowledged record checked, copies
@@ -33,6 +35,9 @@ if [[ ${PMIRROR_EXTENDED:-0} == 1 ]]; then
   "$repo/scripts/lab/run2.sh" --nvdimm --loss "$loss" --timeout 900 --rw "$shared" \
     --a "$repo/scripts/lab/tests/two-node-loss.sh $build $shared" \
     --b "$repo/scripts/lab/tests/two-node-loss.sh $build $shared"
+  echo "== lab: one guest: pmirror-run killed under load over rdma (docs/pmdk.md, crash tests)"
+  "$repo/scripts/lab/run.sh" --nvdimm --timeout 2400 -- \
+    "$repo/scripts/lab/tests/guest-pmdk-kill.sh" "$build" "${PMIRROR_LAB_KILLS:-10}"
 fi
 
 echo "== lab: two guests: replica recovery (kill -9, 100% loss, dirty-only resync)"
