@@ -406,17 +406,9 @@ Status Replica::post_persist(uint64_t sequence, std::span<const protocol::Range>
                                        std::to_string(ranges.size()) + " ranges in " +
                                        std::to_string(group_ends.size() + 1) + " groups");
   }
-  if (!group_ends.empty()) {
-    if (!apm_) {
-      return Status(Errc::kInternal, "replica " + label_ +
-                                         ": an ordered persist of several groups under GPSPM");
-    }
-    for (size_t i = 0; i < group_ends.size(); ++i) {
-      if (group_ends[i] == 0 || group_ends[i] >= ranges.size() ||
-          (i > 0 && group_ends[i] <= group_ends[i - 1])) {
-        return Status(Errc::kInternal, "replica " + label_ + ": group ends out of order");
-      }
-    }
+  if (!group_ends.empty() && !apm_) {
+    return Status(Errc::kInternal,
+                  "replica " + label_ + ": an ordered persist of several groups under GPSPM");
   }
   if (staged_at && !staging_region_) {
     return Status(Errc::kInternal, "replica " + label_ + ": no snapshot buffer registered");

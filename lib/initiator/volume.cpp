@@ -474,21 +474,16 @@ Result<uint64_t> Volume::persist_ordered_async(const PersistRange* ranges, size_
   std::vector<size_t>& starts = impl_->group_starts_scratch;
   kept.clear();
   starts.clear();
-  size_t group = 0, left_in_group = groups > 0 ? group_sizes[0] : count;
-  for (size_t i = 0; i < count; ++i) {
-    while (left_in_group == 0 && group + 1 < groups) {
-      left_in_group = group_sizes[++group];
-      // A group starts at the next kept range (an empty group starts none).
-      if (left_in_group > 0 && !kept.empty() && (starts.empty() || starts.back() < kept.size())) {
-        starts.push_back(kept.size());
-      }
+  // Empty ranges are skipped; a group left with none starts nothing.
+  size_t at = 0;
+  for (size_t g = 0; g < std::max<size_t>(groups, 1); ++g) {
+    const size_t end = at + (groups > 0 ? group_sizes[g] : count);
+    const size_t before = kept.size();
+    for (; at < end; ++at) {
+      if (ranges[at].length > 0) kept.push_back(protocol::Range{ranges[at].offset, ranges[at].length});
     }
-    --left_in_group;
-    if (ranges[i].length > 0) kept.push_back(protocol::Range{ranges[i].offset, ranges[i].length});
+    if (before > 0 && kept.size() > before) starts.push_back(before);
   }
-  // A group whose ranges were all empty left a start at the end, or two at
-  // one place (deduplicated above).
-  while (!starts.empty() && starts.back() >= kept.size()) starts.pop_back();
   return impl_->pipeline.start(lock, kept, taken, starts);
 }
 
