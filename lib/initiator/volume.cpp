@@ -480,7 +480,8 @@ Result<uint64_t> Volume::persist_ordered_async(const PersistRange* ranges, size_
     const size_t end = at + (groups > 0 ? group_sizes[g] : count);
     const size_t before = kept.size();
     for (; at < end; ++at) {
-      if (ranges[at].length > 0) kept.push_back(protocol::Range{ranges[at].offset, ranges[at].length});
+      if (ranges[at].length == 0) continue;
+      kept.push_back(protocol::Range{ranges[at].offset, ranges[at].length});
     }
     if (before > 0 && kept.size() > before) starts.push_back(before);
   }
