@@ -151,6 +151,7 @@ void Peers::start_lagging(Peer& peer, const Status& why) {
     if (sequence > done) mark_missed(peer, range.offset, range.length);
   });
   ensure_tracked(peer);
+  peer.replica->forget_queued();
   peer.lagging = true;
   peer.in_sync = false;
   peer.state.transition(PeerState::kLagging,

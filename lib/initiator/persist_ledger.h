@@ -78,6 +78,11 @@ class PersistLedger {
     const protocol::Range range{offset, length};
     return start(std::span(&range, 1));
   }
+  // The record of `sequence`; nullptr once it is released (or never started).
+  const InFlightPersist* record(uint64_t sequence) const {
+    auto it = find(sequence);
+    return it == persists_.end() || it->sequence != sequence ? nullptr : &*it;
+  }
   std::span<const protocol::Range> ranges(const InFlightPersist& persist) const {
     return {ranges_.data() + (persist.first_range - ranges_base_), persist.range_count};
   }

@@ -160,6 +160,7 @@ Status Replica::fail(Status why) {
   if (state_ == ReplicaState::kConnected) {
     state_ = ReplicaState::kFailed;
     error_ = why.with_context("replica " + label_);
+    queued_.clear();  // the caller records what was not durable dirty
     log::warn("{}", error_.message());
     // The connection goes down when the session is destroyed, off the
     // volume mutex (SessionReaper): shutting it down may block.
@@ -419,13 +420,13 @@ Status Replica::post_persist(uint64_t sequence, std::span<const protocol::Range>
     // the next persist's Writes may already be placed -- and on memory
     // that is not persistent as placed (a plain file, fsdax without APM)
     // those could reach the media first (docs/protocol.md, "Ordering").
+    // A caller that may not wait leaves the persist queued: the pump that
+    // completes the one before posts it.
     if (!may_wait) {
       if (Status pumped = pump(0ms); !pumped.ok()) return fail(pumped);
       if (in_flight_count() > 0) {
-        return Status(Errc::kResourceExhausted,
-                      "replica " + label_ +
-                          ": its previous persist is not durable yet (GPSPM keeps order by "
-                          "waiting for it)");
+        queued_.push_back({sequence, staged_at, Clock::now()});
+        return Status::Ok();
       }
     } else {
       PMIRROR_RETURN_IF_ERROR(drain());
@@ -467,16 +468,40 @@ Status Replica::wait_for(uint64_t sequence) {
 
 Status Replica::drain() {
   auto newest = ledger_ ? ledger_->newest_pending(index_) : std::nullopt;
+  if (!queued_.empty()) newest = queued_.back().sequence;
   if (!newest) return failed() ? error_ : Status::Ok();
   return wait_for(*newest);
 }
 
 bool Replica::awaiting(uint64_t sequence) const {
-  return ledger_ != nullptr && ledger_->is_pending(index_, sequence);
+  if (ledger_ == nullptr) return false;
+  if (ledger_->is_pending(index_, sequence)) return true;
+  return std::any_of(queued_.begin(), queued_.end(),
+                     [sequence](const QueuedPersist& queued) { return queued.sequence == sequence; });
 }
 
 uint64_t Replica::in_flight_count() const {
-  return ledger_ == nullptr ? 0 : ledger_->pending_count(index_);
+  return ledger_ == nullptr ? 0 : ledger_->pending_count(index_) + queued_.size();
+}
+
+Status Replica::post_queued() {
+  if (queued_.empty() || failed() || ledger_->pending_count(index_) > 0 || credits_ == 0) {
+    return Status::Ok();
+  }
+  const QueuedPersist next = queued_.front();
+  const InFlightPersist* record = ledger_->record(next.sequence);
+  if (record == nullptr) {
+    return Status(Errc::kInternal, "replica " + label_ + ": queued persist " +
+                                       std::to_string(next.sequence) + " has no record");
+  }
+  const auto now = Clock::now();
+  Status posted =
+      post_write_flush(next.sequence, ledger_->ranges(*record), next.staged_at, false, now);
+  if (posted.code() == Errc::kResourceExhausted) return Status::Ok();  // the next pump
+  PMIRROR_RETURN_IF_ERROR(posted);
+  ledger_->posted(index_, next.sequence, now);
+  queued_.pop_front();
+  return Status::Ok();
 }
 
 Status Replica::poll(std::chrono::milliseconds timeout) {
@@ -489,6 +514,11 @@ Status Replica::poll(std::chrono::milliseconds timeout) {
                        "persist " + std::to_string(oldest->sequence) + " not acknowledged within " +
                            std::to_string(operation_timeout_.count()) + " ms (" +
                            std::to_string(in_flight_count()) + " persists unacknowledged)"));
+  }
+  if (oldest == nullptr && !queued_.empty() && now - queued_.front().since > operation_timeout_) {
+    return fail(Status(Errc::kTimeout, "persist " + std::to_string(queued_.front().sequence) +
+                                           " found no free receive slot within " +
+                                           std::to_string(operation_timeout_.count()) + " ms"));
   }
   if (resync_outstanding_ && now - resync_posted_ > operation_timeout_) {
     return fail(Status(Errc::kTimeout, "resync of " + resync_what_ + " not acknowledged within " +
@@ -525,6 +555,7 @@ Status Replica::pump(std::chrono::milliseconds timeout) {
   for (size_t i = 0; status.ok() && i < messages.size(); ++i) status = handle_message(messages[i]);
   messages.clear();
   if (messages.capacity() > pumped_.capacity()) messages.swap(pumped_);
+  if (status.ok()) status = post_queued();
   return status;
 }
 
@@ -751,9 +782,7 @@ void Replica::close() {
     state_ = state_ == ReplicaState::kFailed ? ReplicaState::kFailed : ReplicaState::kClosed;
     return;
   }
-  if (auto newest = ledger_ ? ledger_->newest_pending(index_) : std::nullopt) {
-    (void)wait_for(*newest);
-  }
+  (void)drain();
   if (!failed() && uncommitted() > 0 && await_credit(/*may_wait=*/true).ok()) {
     // The target records how far this session got (a reopened primary's
     // sequences go on from there). A Commit refused here loses nothing:

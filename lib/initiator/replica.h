@@ -11,6 +11,7 @@
 
 #include <array>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -80,10 +81,13 @@ class Replica {
   // persists, docs/protocol.md). With `may_wait`, waits (up to
   // operation_timeout) for that, and while the target has no free
   // receive slot the persist needs or the send queue is full. Without,
-  // never waits: returns kResourceExhausted and leaves the replica as it
-  // was when it cannot take the persist now (nothing of it will complete;
-  // a Write already posted may still land, which is harmless to a caller
-  // that records the ranges dirty for this replica).
+  // never waits: under GPSPM a persist that must wait for the one before
+  // is queued here and posted by the pump that completes it (in_flight
+  // and awaiting count it meanwhile); otherwise returns
+  // kResourceExhausted and leaves the replica as it was when it cannot
+  // take the persist now (nothing of it will complete; a Write already
+  // posted may still land, which is harmless to a caller that records the
+  // ranges dirty for this replica).
   //
   // `group_ends` (ascending, each < ranges.size()): the persist is several
   // ordered groups, a group ending before each index named: under APM over
@@ -122,10 +126,14 @@ class Replica {
   // last ping has gone unanswered for operation_timeout, otherwise sends a
   // new ping when none is outstanding.
   Status heartbeat();
-  // Whether `sequence` was posted here and is not durable yet.
+  // Whether `sequence` was taken here (posted, or queued under GPSPM) and
+  // is not durable yet.
   bool awaiting(uint64_t sequence) const;
-  // Persists posted here and not durable yet.
+  // Persists taken here and not durable yet.
   uint64_t in_flight_count() const;
+  // GPSPM: the persists queued behind the one in flight are not posted
+  // (the replica starts lagging: the caller records them dirty).
+  void forget_queued() { queued_.clear(); }
   // The target has a free receive slot for one more request.
   bool has_credit() const { return credits_ > 0; }
   // When we last heard from the target (a completion or a message), and
@@ -196,6 +204,9 @@ class Replica {
   Status handle_message(const protocol::Message& message);
   Status handle_completion(const transport::Completion& completion);
   Status complete_persist(uint64_t sequence, std::string_view what);
+  // GPSPM: posts the oldest queued persist once nothing is pending here
+  // (and a receive slot is free); called at the end of each pump.
+  Status post_queued();
   // Waits for a free receive slot on the target. With `may_wait`, up to
   // operation_timeout (failing the replica then); without, only takes what
   // completions have returned: kResourceExhausted if none is free.
@@ -271,6 +282,14 @@ class Replica {
   // Its ranges are those of the persists since the last Commit, one per
   // persist, in order (capacity reserved: no allocation).
   protocol::Message commit_message_{protocol::Commit{}};
+  // GPSPM: persists taken while the one before was not durable yet,
+  // oldest first; each is posted once the one before it completes.
+  struct QueuedPersist {
+    uint64_t sequence = 0;
+    std::optional<size_t> staged_at;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::deque<QueuedPersist> queued_;
   uint64_t last_posted_sequence_ = 0;  // the newest persist posted here
   std::chrono::steady_clock::time_point last_persist_posted_{};
   protocol::Message persist_request_message_{protocol::PersistRequest{}};

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <pmirror/pmirror.hpp>
 #include <random>
 #include <thread>
@@ -197,6 +198,71 @@ TEST_F(DataPathTest, GpspmWhenTheTargetDoesNotPromiseApm) {
     auto [offset, length] = random.next();
     random.fill((*volume)->data() + offset, length);
     ASSERT_TRUE((*volume)->persist(offset, length).ok());
+  }
+  volume->reset();
+  expect_replicas_equal_local();
+}
+
+// Under GPSPM a replica takes one persist at a time (the order of
+// persists, docs/protocol.md): the ones an application starts without
+// waiting queue on it and go one by one. With ack 1 neither replica is
+// needed for every persist, yet neither lags or is resynced: both take
+// every persist, in order.
+TEST_F(DataPathTest, UnderGpspmPipelinedPersistsQueueOnEachReplicaWithoutLagging) {
+  start_targets(2, "off");
+  auto o = options();
+  o.ack = 1;
+  o.max_in_flight = 16;
+  auto volume = Volume::open(o);
+  ASSERT_TRUE(volume.ok()) << volume.status().to_string();
+  // The peers' resync counters once both are in sync (fresh replicas may
+  // be brought up to date first).
+  auto peers = [&] { return nlohmann::json::parse((*volume)->status_json())["peers"]; };
+  auto all_in_sync = [&] {
+    for (const auto& peer : peers()) {
+      if (peer.value("state", "") != "connected" || peer.contains("resync")) return false;
+    }
+    return true;
+  };
+  for (int i = 0; i < 3000 && !all_in_sync(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(all_in_sync()) << (*volume)->status_json();
+  std::vector<uint64_t> resyncs_before;
+  for (const auto& peer : peers()) resyncs_before.push_back(peer.value("resyncs", uint64_t{0}));
+
+  RandomRange random(5);
+  uint64_t last = 0;
+  for (int i = 0; i < 600; ++i) {
+    uint64_t offset = random.rng() % (kSize - 256);
+    random.fill((*volume)->data() + offset, 256);
+    auto sequence = (*volume)->persist_async(offset, 256);
+    ASSERT_TRUE(sequence.ok()) << sequence.status().to_string();
+    last = *sequence;
+  }
+  ASSERT_TRUE((*volume)->drain().ok());
+  // drain() waits for `ack` replicas; the other one catches up by itself.
+  auto everywhere = [&] {
+    for (const auto& r : (*volume)->replicas()) {
+      if (r.acknowledged_sequence < last) return false;
+    }
+    return true;
+  };
+  for (int i = 0; i < 3000 && !everywhere(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (const auto& r : (*volume)->replicas()) {
+    EXPECT_EQ(r.method, "gpspm");
+    EXPECT_EQ(r.state, ReplicaState::kConnected) << r.last_error;
+    EXPECT_EQ(r.acknowledged_sequence, last)
+        << "every persist went to every replica: " << (*volume)->status_json();
+  }
+  auto after = peers();
+  ASSERT_EQ(after.size(), resyncs_before.size());
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_EQ(after[i].value("resyncs", uint64_t{0}), resyncs_before[i])
+        << "replica " << i << " lagged and was resynced: " << after[i].dump();
+    EXPECT_EQ(after[i].value("state", ""), "connected") << after[i].dump();
   }
   volume->reset();
   expect_replicas_equal_local();
