@@ -65,6 +65,9 @@ if [[ ${PMIRROR_SKIP_TSAN:-0} != 1 ]]; then
   reports=$repo/build-tsan/tsan-reports
   rm -rf "$reports" && mkdir -p "$reports"
   tsan_status=0
+  # The build has no single-threaded test programs (SINGLE_THREADED in
+  # tests/: parsers, codecs, formats) nor fuzz corpus replays: TSan has
+  # nothing to find there.
   # Not here, beside the ASan pass's skips: tests with one thread of ours
   # that take minutes under TSan (pmemobj pools killed in a loop; the
   # returning old primary's 80 s), the etcd promoter's and client's,
@@ -99,7 +102,8 @@ fi
 
 # Also beyond CI's time: the crash tests, each PMDK program under pmirror-run
 # killed at 50 random moments in each durability mode (CI's ctest kills
-# each 4 times, 2 per mode; docs/pmdk.md, "Crash tests"), and a three-node
+# each 4 times, 2 per mode; docs/pmdk.md, "Crash tests"), the tcp-only
+# build (a fourth build, of pmirrord, pmirrorctl and libpmirror), and a three-node
 # Pacemaker cluster losing its primary's node (docs/failover.md, section 3;
 # a few minutes, namespaces).
 if [[ $extended == 1 ]]; then
@@ -119,6 +123,8 @@ if [[ $extended == 1 ]]; then
     "$repo/build/daemon/pmirror-run" "$repo/build/daemon/pmirrord" \
     "$repo/build/examples/pmemobj-two-counters" 50 16MiB || kill_status=1
   ((kill_status == 0)) || { echo "the crash tests failed (above)" >&2; exit 1; }
+  stage "a tcp-only build (PMIRROR_RDMA=OFF)"
+  "$repo/tests/unit/transport/rdma_off_build.sh" "$repo"
   stage "Pacemaker: three nodes, the primary's cut off"
   "$repo/scripts/pacemaker-cluster.sh" 3
 fi

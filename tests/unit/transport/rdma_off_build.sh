@@ -4,7 +4,7 @@
 # rdma-core (no object includes an rdma-core header, no binary needs
 # libibverbs or librdmacm), and a cluster file naming `transport: rdma` is refused with the
 # reason at `pmirrorctl config check`, at `pmirrord --check-config` and at
-# pmirrord's start. ctest runs it (test transport_rdma_off_build).
+# pmirrord's start. scripts/test-extended.sh runs it (PMIRROR_EXTENDED=1).
 #
 #   rdma_off_build.sh SOURCE_DIR [COMPILER_LAUNCHER]
 #
