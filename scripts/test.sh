@@ -77,7 +77,7 @@ if [[ ${PMIRROR_SKIP_TSAN:-0} != 1 ]]; then
   # several-writers ones stay), the installed-tree programs (a cmake build
   # of two programs) and the Pacemaker agent's. The other passes run them; docs/testing.md, "Time each
   # stage takes".
-  tsan_skip='^(InsufficientTest\.APersistWiderThanTheActivityLogArrivesWhole|MetadataTest\..*SurviveSigkill|RecoveryTest\.PromotedReplicaResyncsTheReturningOldPrimary|FailoverTest\..*|EtcdClient[A-Za-z]*\..*|CrashTest\.(Apm|Gpspm)(Target|Async).*|CrashTest\.(BothSides|Negative|InitiatorProcess).*|external_programs_mirror_through_the_installed_tree|ocf_agent)$'
+  tsan_skip='^(InsufficientTest\.APersistWiderThanTheActivityLogArrivesWhole|MetadataTest\..*SurviveSigkill|RecoveryTest\.PromotedReplicaResyncsTheReturningOldPrimary|FailoverTest\..*|EtcdClient[A-Za-z]*\..*|CrashTest\.(Apm|Gpspm)(Target|Async).*|CrashTest\.OrderedGroups.*|CrashTest\.(BothSides|Negative|InitiatorProcess).*|external_programs_mirror_through_the_installed_tree|ocf_agent)$'
   (cd "$repo/build-tsan" &&
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 log_path=$reports/tsan suppressions=$repo/tests/sanitizers/tsan.supp" \
       ctest --output-on-failure --timeout 900 -j 2 -E "$tsan_skip") || tsan_status=$?
