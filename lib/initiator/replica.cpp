@@ -230,7 +230,7 @@ Status Replica::post_write_flush(uint64_t sequence, std::span<const protocol::Ra
   // The whole persist is one post_list (over rdma one doorbell): a Write
   // per range, then under APM the flush -- an 8-byte Read after the Writes
   // on the same connection completes only once they are placed (durable,
-  // under APM's platform rules) -- and, every kPersistsPerCommit ranges,
+  // under APM's platform rules) -- and, every kPersistsPerCommit persists,
   // the Commit carrying the bookkeeping of those since the last one; under
   // GPSPM a PersistRequest instead of the Read. The Writes take their
   // bytes from the snapshot buffer (`staged_at`: the first range's bytes,
@@ -277,13 +277,15 @@ Status Replica::post_write_flush(uint64_t sequence, std::span<const protocol::Ra
     if (!copy) {
       // capacity reserved; post_persist made room (post_pending_commit)
       commit_ranges.insert(commit_ranges.end(), ranges.begin(), ranges.end());
+      ++uncommitted_persists_;
       last_posted_sequence_ = sequence;
       // Without a free slot the Commit waits for a later persist (a full
       // Commit never does: post_persist waited for its slot).
-      if (commit_ranges.size() >= kPersistsPerCommit && credits_ > 0) {
+      if (uncommitted_persists_ >= kPersistsPerCommit && credits_ > 0) {
         auto encoded = encode_commit();
         if (!encoded.ok()) {
           commit_ranges.resize(committed_before);
+          --uncommitted_persists_;
           return fail(encoded.status());
         }
         list.push_back(*encoded);
@@ -317,7 +319,10 @@ Status Replica::post_write_flush(uint64_t sequence, std::span<const protocol::Ra
   if (posted < completes_from) {
     // Without may_wait: nothing of it will complete, the replica is as it
     // was (a Write posted alone may still land: harmless, see post_persist).
-    if (apm_ && !copy) commit_ranges.resize(committed_before);
+    if (apm_ && !copy) {
+      commit_ranges.resize(committed_before);
+      --uncommitted_persists_;
+    }
     return Status(Errc::kResourceExhausted, "replica " + label_ + ": send queue full (" +
                                                 std::to_string(in_flight_count()) +
                                                 " persists unacknowledged)");
@@ -369,6 +374,7 @@ Result<transport::WorkRequest> Replica::encode_commit() {
 void Replica::committed(Clock::time_point now) {
   messenger_->sent();
   std::get<protocol::Commit>(commit_message_).ranges.clear();
+  uncommitted_persists_ = 0;
   unacked_commits_[(unacked_head_ + unacked_count_) % unacked_commits_.size()] =
       last_posted_sequence_;
   ++unacked_count_;

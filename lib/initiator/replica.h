@@ -73,7 +73,7 @@ class Replica {
 
   // Posts the Writes (one per range, 1..kMaxRangesPerPersist) and the
   // flush (APM Read, or PersistRequest) for one persist; under APM, every
-  // kPersistsPerCommit ranges, also the Commit of the persists since the
+  // kPersistsPerCommit persists, also the Commit of the persists since the
   // last one (see commit_if_idle()). The Writes' bytes come from the
   // snapshot buffer at `staged_at` (the ranges' bytes one after the
   // other) or, without it, from the local mapping. Under GPSPM a persist
@@ -282,6 +282,10 @@ class Replica {
   // Its ranges are those of the persists since the last Commit, one per
   // persist, in order (capacity reserved: no allocation).
   protocol::Message commit_message_{protocol::Commit{}};
+  // Persists whose ranges the pending Commit holds: a Commit goes every
+  // kPersistsPerCommit persists (however many ranges each has; one
+  // holds at most kMaxRangesPerMessage ranges, post_persist sees to it).
+  size_t uncommitted_persists_ = 0;
   // GPSPM: persists taken while the one before was not durable yet,
   // oldest first; each is posted once the one before it completes.
   struct QueuedPersist {

@@ -1080,6 +1080,20 @@ Status TcpConnection::receive_loop() {
             r.reg = *reg;
             r.data = reinterpret_cast<const std::byte*>(h.addr);
             r.length = h.length;
+            if (h.length <= r.copied.size()) {
+              // Copied now (a fault on the registration's memory refuses
+              // the Read, as a Write's would): not in the way of a Write.
+              auto fault = fault::guarded(reinterpret_cast<void*>(h.addr), h.length, [&] {
+                std::memcpy(r.copied.data(), r.data, h.length);
+              });
+              if (fault) {
+                r.reg = nullptr;
+                lk.unlock();
+                table_->unpin(*reg);
+                return refuse(h, Opcode::kRead, fault::report(*fault));
+              }
+              r.data = r.copied.data();
+            }
             ++resp_count_;
             // Sent by this thread before it next waits for the peer (the
             // top of the loop): the flush's round trip crosses no hand-off.

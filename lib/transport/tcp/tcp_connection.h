@@ -5,6 +5,7 @@
 
 #include <sys/uio.h>
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -97,11 +98,17 @@ class TcpConnection final : public Connection {
   };
 
   // A frame the receiver asks the sender to emit: READ_RESP or ERROR.
+  // A READ_RESP of at most this many bytes carries a copy taken when the
+  // Read executes (as an RNIC's would), not the registration's bytes at
+  // send time: a later Write to the same bytes need not wait for it. The
+  // flush Reads are 8 bytes.
+  static constexpr size_t kCopiedReadResponse = 64;
   struct Response {
     HeaderBytes header{};
     RegistrationTable::Reg* reg = nullptr;  // pinned source of a READ_RESP
-    const std::byte* data = nullptr;
+    const std::byte* data = nullptr;  // the registration's bytes, or `copied`
     uint32_t length = 0;
+    std::array<std::byte, kCopiedReadResponse> copied{};
   };
 
   struct Cqe {

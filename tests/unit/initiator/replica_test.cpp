@@ -154,6 +154,28 @@ TEST_F(ReplicaTest, ACommitGoesWithEveryRunOfPersistsAndCoversThemAll) {
   EXPECT_TRUE(target_holds(0, kPersistsPerCommit * 100, std::byte{0x11}));
 }
 
+// A Commit goes every kPersistsPerCommit persists however many ranges
+// each has (libpmemobj's transactions under pmirror-run are persists of
+// six): the target's session thread is woken per run of persists, not per
+// 32 ranges.
+TEST_F(ReplicaTest, ACommitCountsPersistsNotRanges) {
+  open(config::ApmPolicy::kOn);
+  uint64_t sequence = 0;
+  for (size_t i = 0; i < kPersistsPerCommit; ++i) {
+    const uint64_t base = i * 4096;
+    sequence = store(base, 4096, std::byte{0x22});
+    const protocol::Range ranges[] = {{base, 100}, {base + 1000, 100}, {base + 2000, 100}};
+    ASSERT_TRUE(replica_->post_persist(sequence, ranges).ok());
+    ASSERT_TRUE(replica_->wait_for(sequence).ok());
+    if (i + 1 < kPersistsPerCommit) {
+      EXPECT_EQ(target_volume(0).applied_sequence, 0u) << "persist " << i;
+      EXPECT_EQ(replica_->uncommitted(), 3 * (i + 1)) << "persist " << i;
+    }
+  }
+  EXPECT_EQ(replica_->uncommitted(), 0u);
+  EXPECT_TRUE(target_records(sequence)) << target_volume(0).applied_sequence;
+}
+
 // The persists of a volume that went quiet are recorded too: once nothing
 // was posted for kCommitWhenIdleFor and nothing is in flight.
 TEST_F(ReplicaTest, AQuietReplicaGetsTheCommitOfItsLastPersists) {

@@ -94,6 +94,47 @@ TEST_F(TcpTransport, ReadIsNotOvertakenByALaterOverlappingWrite) {
   }
 }
 
+// A small Read (a flush Read is 8 bytes) is answered with the bytes as
+// the Read found them, copied when it executes, although a Write to the
+// same bytes posted right after it is applied before the answer leaves:
+// the Write does not wait for it (an ordered persist's groups put a flush
+// Read and then a Write to the same bytes in one list).
+TEST_F(TcpTransport, ASmallReadAnswersWithTheBytesItFoundBeforeALaterWrite) {
+  constexpr size_t kLen = 64;
+  std::vector<std::byte> remote(4096, std::byte{0xA1}), src(kLen), dst(2 * kLen);
+  auto p = make_pair();
+  ASSERT_TRUE(p.active && p.passive);
+  auto rmr = p.passive->register_memory(remote.data(), remote.size(), kRemoteWrite | kRemoteRead);
+  auto smr = p.active->register_memory(src.data(), src.size(), kLocalOnly);
+  auto dmr = p.active->register_memory(dst.data(), dst.size(), kLocalOnly);
+  ASSERT_TRUE(rmr.ok() && smr.ok() && dmr.ok());
+  RemoteKey key = (*rmr)->remote_key();
+  for (int round = 0; round < 50; ++round) {
+    const std::byte old = round == 0 ? std::byte{0xA1} : std::byte(round - 1);
+    std::fill(src.begin(), src.end(), std::byte(round));
+    const size_t len = round % 2 == 0 ? 8 : kLen;
+    const WorkRequest list[] = {
+        WorkRequest::read(**dmr, 0, len, key, 512, 1),
+        WorkRequest::write(**smr, 0, kLen, key, 512, 2, /*signaled=*/false),
+        WorkRequest::read(**dmr, kLen, len, key, 512, 3),
+    };
+    auto posted = p.active->post_list(list);
+    ASSERT_TRUE(posted.ok() && *posted == 3u) << posted.status().to_string();
+    auto c = wait_for(*p.active, 1);
+    ASSERT_EQ(c.size(), 1u);
+    ASSERT_TRUE(c[0].status.ok()) << c[0].status.to_string();
+    ASSERT_EQ(c[0].wr_id, 1u);
+    for (size_t i = 0; i < len; ++i) ASSERT_EQ(dst[i], old) << "round " << round << " byte " << i;
+    c = wait_for(*p.active, 1);
+    ASSERT_EQ(c.size(), 1u);
+    ASSERT_TRUE(c[0].status.ok()) << c[0].status.to_string();
+    for (size_t i = 0; i < len; ++i) {
+      ASSERT_EQ(dst[kLen + i], std::byte(round)) << "round " << round;
+    }
+    ASSERT_EQ(remote[512 + kLen - 1], std::byte(round));
+  }
+}
+
 // After a post was refused for max_outstanding, poll() returns once an
 // unsignaled Write leaving the queue made room, although no completion
 // comes: a caller waiting for room does not sleep to its timeout (before,
@@ -255,6 +296,28 @@ TEST_F(TcpTransport, AWriteIntoAFaultingMappingIsRefusedNotFatal) {
     }
     EXPECT_TRUE(refused) << "the write into the truncated mapping was not refused; completions:"
                          << seen << "\nclosed: " << closed.to_string();
+  }
+  // A small Read there (its answer is copied when it executes) is refused
+  // the same way.
+  {
+    SCOPED_TRACE("read of 8 bytes");
+    std::vector<std::byte> dst(8);
+    auto p = make_pair();
+    ASSERT_TRUE(p.active && p.passive);
+    auto rmr = p.passive->register_memory(mem, kLen, kRemoteWrite | kRemoteRead);
+    auto dmr = p.active->register_memory(dst.data(), dst.size(), kLocalOnly);
+    ASSERT_TRUE(p.active->post_read(**dmr, 0, 8, (*rmr)->remote_key(), kKept + 4096, 1).ok());
+    Status closed;
+    auto completions = drain_until_closed(*p.active, &closed);
+    bool refused = false;
+    for (auto& x : completions) {
+      if (x.wr_id == 1 && x.status.code() == Errc::kIoError) {
+        refused = x.status.message().find("volume 'v' (" + path + "): memory fault at offset ") !=
+                  std::string::npos;
+      }
+    }
+    EXPECT_TRUE(refused) << "the read of the truncated mapping was not refused: "
+                         << closed.to_string();
   }
   named.reset();
   ::munmap(map, kLen);
