@@ -523,7 +523,7 @@ Status Replica::poll(std::chrono::milliseconds timeout) {
   }
   if (oldest == nullptr && !queued_.empty() && now - queued_.front().since > operation_timeout_) {
     return fail(Status(Errc::kTimeout, "persist " + std::to_string(queued_.front().sequence) +
-                                           " found no free receive slot within " +
+                                           " could not be posted (no free receive slot or send queue room) within " +
                                            std::to_string(operation_timeout_.count()) + " ms"));
   }
   if (resync_outstanding_ && now - resync_posted_ > operation_timeout_) {

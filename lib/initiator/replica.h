@@ -279,8 +279,8 @@ class Replica {
   std::pair<uint64_t, bool> generation_update_{};  // (generation, consistent) in flight
   std::optional<protocol::VerifyReply> verify_reply_;
   // Reused from persist to persist, so that posting one allocates nothing.
-  // Its ranges are those of the persists since the last Commit, one per
-  // persist, in order (capacity reserved: no allocation).
+  // Its ranges are those of the persists since the last Commit, each
+  // persist's in order (capacity reserved: no allocation).
   protocol::Message commit_message_{protocol::Commit{}};
   // Persists whose ranges the pending Commit holds: a Commit goes every
   // kPersistsPerCommit persists (however many ranges each has; one

@@ -504,8 +504,9 @@ class Session {
   // ---- one handler per message the initiator may send in a session
 
   // An update (Commit, or PersistRequest under GPSPM) is recorded: the
-  // sequence it carries becomes the last one applied. It holds one range
-  // per persist it covers (a Commit covers those since the last one).
+  // sequence it carries becomes the last one applied. It holds the ranges
+  // of the persists it covers (a Commit covers those since the last one;
+  // a persist may have several, so `persists` counts ranges).
   void record_update(uint64_t sequence, const std::vector<protocol::Range>& ranges) {
     book_.last_sequence = sequence;
     volume_.applied_sequence.store(book_.last_sequence);
