@@ -482,8 +482,9 @@ Status Replica::drain() {
 bool Replica::awaiting(uint64_t sequence) const {
   if (ledger_ == nullptr) return false;
   if (ledger_->is_pending(index_, sequence)) return true;
-  return std::any_of(queued_.begin(), queued_.end(),
-                     [sequence](const QueuedPersist& queued) { return queued.sequence == sequence; });
+  return std::any_of(queued_.begin(), queued_.end(), [sequence](const QueuedPersist& queued) {
+    return queued.sequence == sequence;
+  });
 }
 
 uint64_t Replica::in_flight_count() const {
@@ -522,9 +523,11 @@ Status Replica::poll(std::chrono::milliseconds timeout) {
                            std::to_string(in_flight_count()) + " persists unacknowledged)"));
   }
   if (oldest == nullptr && !queued_.empty() && now - queued_.front().since > operation_timeout_) {
-    return fail(Status(Errc::kTimeout, "persist " + std::to_string(queued_.front().sequence) +
-                                           " could not be posted (no free receive slot or send queue room) within " +
-                                           std::to_string(operation_timeout_.count()) + " ms"));
+    return fail(
+        Status(Errc::kTimeout,
+               "persist " + std::to_string(queued_.front().sequence) +
+                   " could not be posted (no free receive slot or send queue room) within " +
+                   std::to_string(operation_timeout_.count()) + " ms"));
   }
   if (resync_outstanding_ && now - resync_posted_ > operation_timeout_) {
     return fail(Status(Errc::kTimeout, "resync of " + resync_what_ + " not acknowledged within " +
