@@ -239,7 +239,7 @@ Status validate(const Hello& m, Errc code) {
   PMIRROR_RETURN_IF_ERROR(blame(check_identity(m.identity), code, "Hello.identity"));
   if ((m.flags & ~kHelloFlagsKnown) != 0) {
     return Status(code, "Hello.flags has undefined bits " + hex(m.flags & ~kHelloFlagsKnown) +
-                            " (defined: cumulative acks 0x1, fence 0x2, lineage 0x4)");
+                            " (defined: cumulative acks 0x1, fence 0x2, lineage 0x4, placement order 0x8)");
   }
   if ((m.flags & kHelloLineage) == 0 && m.lineage != Lineage{}) {
     return Status(code, "Hello.lineage is set without the lineage flag");
@@ -258,10 +258,13 @@ Status validate(const Hello& m, Errc code) {
 }
 
 Status validate(const VolumeDescriptor& m, Errc code) {
-  constexpr uint32_t kKnown = kMethodApm | kMethodGpspm;
-  if ((m.methods & ~kKnown) != 0) {
-    return Status(code, "VolumeDescriptor.methods has undefined bits " + hex(m.methods & ~kKnown) +
-                            " (defined: APM 0x1, GPSPM 0x2)");
+  if ((m.methods & ~kMethodsKnown) != 0) {
+    return Status(code, "VolumeDescriptor.methods has undefined bits " +
+                            hex(m.methods & ~kMethodsKnown) +
+                            " (defined: APM 0x1, GPSPM 0x2, placement order 0x4)");
+  }
+  if ((m.methods & kMethodPlacementOrder) != 0 && (m.methods & kMethodApm) == 0) {
+    return Status(code, "VolumeDescriptor.methods has placement order (0x4) without APM (0x1)");
   }
   for (size_t i = 1; i < m.generation_history.size(); ++i) {
     if (m.generation_history[i] != 0 && m.generation_history[i - 1] == 0) {

@@ -75,7 +75,14 @@ enum class MessageType : uint16_t {
 enum PersistMethod : uint32_t {
   kMethodApm = 1u << 0,    // Read after Write flushes into the persistence domain
   kMethodGpspm = 1u << 1,  // target persists on request (Send), then acks
+  // With APM: the target makes each Write durable before it executes the
+  // next operation of the connection (tcp onto pmem: a cache-line flush per
+  // Write), so placement order is durability order, and an ordered
+  // persist's groups need no flush Read between them. Only declared to an
+  // initiator whose Hello set kHelloPlacementOrder.
+  kMethodPlacementOrder = 1u << 2,
 };
+inline constexpr uint32_t kMethodsKnown = kMethodApm | kMethodGpspm | kMethodPlacementOrder;
 
 // VolumeDescriptor.copy_flags: the state of the target's copy (its
 // metadata pool, lib/metadata).
@@ -121,8 +128,12 @@ enum HelloFlag : uint32_t {
   // copy, which a fenced target checks (a primary whose copy does not
   // descend from the promoted one is refused with kFenced).
   kHelloLineage = 1u << 2,
+  // The initiator understands VolumeDescriptor.methods' kMethodPlacementOrder
+  // (an initiator that predates it refuses a descriptor with that bit).
+  kHelloPlacementOrder = 1u << 3,
 };
-inline constexpr uint32_t kHelloFlagsKnown = kHelloCumulativeAcks | kHelloFence | kHelloLineage;
+inline constexpr uint32_t kHelloFlagsKnown =
+    kHelloCumulativeAcks | kHelloFence | kHelloLineage | kHelloPlacementOrder;
 
 // The data generations of the initiator's copy, as it knows them.
 struct Lineage {

@@ -126,7 +126,7 @@ class Gen {
         m.volume = name();
         m.identity = identity();
         m.client_nonce = bytes<kNonceSize>();
-        m.flags = static_cast<uint32_t>(below(8));
+        m.flags = static_cast<uint32_t>(below(16));
         if ((m.flags & kHelloFence) != 0) m.flags |= kHelloLineage;
         if ((m.flags & kHelloLineage) != 0) {
           m.lineage.current = 1 + below(kMax64);
@@ -146,6 +146,7 @@ class Gen {
         m.remote_address = u64();
         m.rkey = static_cast<uint32_t>(u64());
         m.methods = static_cast<uint32_t>(below(4));
+        if ((m.methods & kMethodApm) != 0 && below(2) == 1) m.methods |= kMethodPlacementOrder;
         m.generation = u64();
         m.last_sequence = u64();
         m.recv_slots = static_cast<uint32_t>(u64());
@@ -548,9 +549,14 @@ TEST(ProtocolDecodeTest, RejectsBadIdentities) {
 
 TEST(ProtocolDecodeTest, RejectsUndefinedHelloFlags) {
   Bytes b = encoded(Hello(sample_hello()));
-  put_le(b, b.size() - 4, 0x10, 4);
-  expect_rejected(
-      b, "Hello.flags has undefined bits 0x10 (defined: cumulative acks 0x1, fence 0x2, lineage 0x4)");
+  put_le(b, b.size() - 4, 0x18, 4);
+  expect_rejected(b,
+                  "Hello.flags has undefined bits 0x10 (defined: cumulative acks 0x1, fence 0x2, "
+                  "lineage 0x4, placement order 0x8)");
+  put_le(b, b.size() - 4, kHelloPlacementOrder | kHelloCumulativeAcks, 4);
+  auto decoded = decode(b);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().to_string();
+  EXPECT_EQ(std::get<Hello>(*decoded).flags, kHelloPlacementOrder | kHelloCumulativeAcks);
 }
 
 TEST(ProtocolTest, GoldenHelloWithLineageBytes) {
@@ -614,8 +620,14 @@ TEST(ProtocolDecodeTest, RejectsUndefinedMethodBits) {
   VolumeDescriptor d;
   d.methods = kMethodApm | kMethodGpspm;
   Bytes b = encoded(d);
-  put_le(b, kHeaderSize + 20, 0x7, 4);
-  expect_rejected(b, "VolumeDescriptor.methods has undefined bits 0x4");
+  put_le(b, kHeaderSize + 20, 0xf, 4);
+  expect_rejected(b, "VolumeDescriptor.methods has undefined bits 0x8");
+  put_le(b, kHeaderSize + 20, kMethodPlacementOrder | kMethodGpspm, 4);
+  expect_rejected(b, "placement order (0x4) without APM (0x1)");
+  put_le(b, kHeaderSize + 20, kMethodPlacementOrder | kMethodApm, 4);
+  auto decoded = decode(b);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().to_string();
+  EXPECT_EQ(std::get<VolumeDescriptor>(*decoded).methods, kMethodPlacementOrder | kMethodApm);
 }
 
 TEST(ProtocolDecodeTest, RejectsBadErrorReplies) {
@@ -805,8 +817,8 @@ TEST(ProtocolEncodeTest, RefusesMessagesOutsideTheLimits) {
   h.volume = std::string(kMaxNameLength + 1, 'a');
   EXPECT_THAT(encode(h, out).message(), HasSubstr("volume name is 65 bytes"));
   h = sample_hello();
-  h.flags = 8;
-  EXPECT_THAT(encode(h, out).message(), HasSubstr("Hello.flags has undefined bits 0x8"));
+  h.flags = 0x18;
+  EXPECT_THAT(encode(h, out).message(), HasSubstr("Hello.flags has undefined bits 0x10"));
 
   ErrorReply e{Errc::kOk, "fine"};
   EXPECT_THAT(encode(e, out).message(), HasSubstr("ErrorReply.code 0 is not a known"));
