@@ -73,6 +73,12 @@ enum Access : uint32_t {
   kLocalOnly = 0,          // source of our writes / destination of our reads
   kRemoteWrite = 1u << 0,  // the peer may RDMA Write into it
   kRemoteRead = 1u << 1,   // the peer may RDMA Read from it
+  // With kRemoteWrite, where Capabilities::persists_each_write: the passive
+  // side makes each Write durable (the registration's PersistFn) before it
+  // executes the next operation of the connection, so that placement order
+  // is durability order. A Write whose persist fails fails, and the
+  // connection breaks. Other transports refuse the bit (kUnsupported).
+  kPersistEachWrite = 1u << 2,
 };
 
 // Makes [addr, addr+len) durable; not ok when it could not (a write-back
@@ -272,6 +278,10 @@ struct Capabilities {
   // that memory is pmem and the platform writes through to it (rdma: APM
   // on devdax/fsdax, with DDIO off or eADR).
   bool read_flushes_writes_on_any_backing = false;
+  // register_memory takes kPersistEachWrite: the passive side's CPU places
+  // each Write and can persist it before the next (tcp). rdma cannot: the
+  // NIC places data without the CPU.
+  bool persists_each_write = false;
 };
 
 // What the transport serving `kind` in this process guarantees; kUnsupported

@@ -458,6 +458,28 @@ struct Hub {
             trim(*m, w.addr, w.addr + w.length);
             m->pieces.push_back(Piece{w.seq, e.id, w.rkey, w.addr,
                                       std::vector<std::byte>(remote, remote + w.length)});
+            if (((*reg)->access & kPersistEachWrite) != 0) {
+              // Durable before the next operation executes (transport.h).
+              flush(*m, w.addr, w.addr + w.length);
+              Status persisted;
+              {
+                ScopeDepth in_persist_fn(t_in_persist_fn);
+                persisted = (*reg)->persist(remote, w.length);
+              }
+              if (!persisted.ok()) {
+                c.status = Status(persisted.code(), "peer " + e.peer_address + " refused " +
+                                                        std::string(op) + " wr_id " +
+                                                        std::to_string(w.wr_id) + ": " +
+                                                        persisted.message());
+                Status mine = c.status;
+                push_cqe(e, std::move(c), true);
+                break_pair(e, mine,
+                           Status(persisted.code(), "refused a " + std::string(op) +
+                                                        " from peer " + p.peer_address + ": " +
+                                                        persisted.message()));
+                return Exec::kDone;
+              }
+            }
           }
         } else {
           if (Status flushed = options.read_flushes ? flush_writes_of(e.id) : Status::Ok();
@@ -651,8 +673,11 @@ class FakeConnection final : public Connection {
       return Status(Errc::kInvalidArgument, "register_memory: empty region (addr " +
                                                 hex(reinterpret_cast<uint64_t>(addr)) +
                                                 ", length " + std::to_string(len) + ")");
-    if ((access & ~uint32_t{kRemoteWrite | kRemoteRead}) != 0)
+    if ((access & ~uint32_t{kRemoteWrite | kRemoteRead | kPersistEachWrite}) != 0)
       return Status(Errc::kInvalidArgument, "register_memory: unknown access bits " + hex(access));
+    if ((access & kPersistEachWrite) != 0 && ((access & kRemoteWrite) == 0 || !persist))
+      return Status(Errc::kInvalidArgument,
+                    "register_memory: kPersistEachWrite needs kRemoteWrite and a persist function");
     auto* base = static_cast<std::byte*>(addr);
     std::lock_guard lk(hub_->mu);
     uint32_t rkey = 0;

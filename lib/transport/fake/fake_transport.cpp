@@ -46,6 +46,7 @@ Provider provider_for(std::shared_ptr<FakeFabric> fabric, std::string from) {
   Provider fake;
   fake.kind = Kind::kFake;
   fake.capabilities.read_flushes_writes_on_any_backing = false;  // as rdma: see the header
+  fake.capabilities.persists_each_write = true;                   // as tcp
   fake.listen = [fabric](const std::string& address, uint16_t port,
                          const ConnectionOptions& options, const AdmissionOptions&) {
     return fabric->listen(address, options, port);

@@ -326,6 +326,10 @@ Result<std::unique_ptr<MemoryRegion>> RdmaConnection::register_memory(void* addr
                                                                       PersistFn /*persist*/) {
   if (addr == nullptr || len == 0)
     return Status(Errc::kInvalidArgument, "register_memory: empty range");
+  if ((access & kPersistEachWrite) != 0)
+    return Status(Errc::kUnsupported,
+                  "register_memory: rdma cannot persist each Write (the NIC places data without "
+                  "the CPU)");
   if ((access & ~uint32_t{kRemoteWrite | kRemoteRead}) != 0)
     return Status(Errc::kInvalidArgument, "register_memory: unknown access bits");
   int flags = IBV_ACCESS_LOCAL_WRITE;  // also the destination of our reads

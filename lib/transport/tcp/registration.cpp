@@ -107,6 +107,15 @@ bool RegistrationTable::unpin_written(Reg* reg, uint64_t addr, uint64_t len) {
   return too_many;
 }
 
+Status RegistrationTable::unpin_persisted(Reg* reg, uint64_t addr, uint64_t len) {
+  Status persisted;
+  // Pinned meanwhile: remove() waits for us. Nothing else calls this
+  // registration's PersistFn concurrently (the receiver thread does all).
+  if (len > 0 && reg->persist) persisted = reg->persist(reinterpret_cast<const void*>(addr), len);
+  unpin(reg);
+  return persisted;
+}
+
 Status RegistrationTable::persist_all() {
   {
     std::lock_guard lk(mu_);

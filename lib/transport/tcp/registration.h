@@ -51,6 +51,10 @@ class RegistrationTable {
   // Unpins after a Write landed in [addr, +len); true when the registration
   // holds so many separate dirty ranges that persist_all() should run now.
   bool unpin_written(Reg* reg, uint64_t addr, uint64_t len);
+  // For a registration with kPersistEachWrite: persists the Write that
+  // landed in [addr, +len) through its PersistFn, then unpins. Receiver
+  // thread only. A failure is returned (the Write is refused).
+  Status unpin_persisted(Reg* reg, uint64_t addr, uint64_t len);
 
   // Calls every registration's PersistFn on its ranges written since the last
   // persist (merged). Called by the one receiver thread. Returns the first

@@ -207,8 +207,11 @@ Result<std::unique_ptr<MemoryRegion>> TcpConnection::register_memory(void* addr,
     return Status(Errc::kInvalidArgument, "register_memory: empty region (addr " +
                                               hex(reinterpret_cast<uint64_t>(addr)) + ", length " +
                                               std::to_string(len) + ")");
-  if ((access & ~uint32_t{kRemoteWrite | kRemoteRead}) != 0)
+  if ((access & ~uint32_t{kRemoteWrite | kRemoteRead | kPersistEachWrite}) != 0)
     return Status(Errc::kInvalidArgument, "register_memory: unknown access bits " + hex(access));
+  if ((access & kPersistEachWrite) != 0 && ((access & kRemoteWrite) == 0 || !persist))
+    return Status(Errc::kInvalidArgument,
+                  "register_memory: kPersistEachWrite needs kRemoteWrite and a persist function");
   auto* base = static_cast<std::byte*>(addr);
   uint32_t rkey = table_->add(base, len, access, std::move(persist));
   RemoteKey key{reinterpret_cast<uint64_t>(addr), rkey, len};
@@ -1043,6 +1046,17 @@ Status TcpConnection::receive_loop() {
         if (fault) {
           table_->unpin(*reg);
           return refuse(h, Opcode::kWrite, fault::report(*fault));
+        }
+        if ((reg.value()->access & kPersistEachWrite) != 0) {
+          // Durable before the next frame executes: placement order is
+          // durability order (transport.h).
+          if (!ok) {
+            table_->unpin(*reg);
+            return lost();
+          }
+          if (Status persisted = table_->unpin_persisted(*reg, h.addr, h.length); !persisted.ok())
+            return refuse(h, Opcode::kWrite, persisted);
+          break;
         }
         bool persist_now = table_->unpin_written(*reg, h.addr, h.length);
         if (!ok) return lost();

@@ -612,6 +612,8 @@ void register_tcp(Registry& registry) {
   // The passive side persists every Write's range before it answers a later
   // Read (PersistFn: msync or pmem_persist), whatever backs the memory.
   tcp.capabilities.read_flushes_writes_on_any_backing = true;
+  // The receiver places each Write itself, so it can persist it at once.
+  tcp.capabilities.persists_each_write = true;
   tcp.listen = tcp_listen;
   tcp.connect = tcp_connect;
   registry.add(std::move(tcp));

@@ -1009,6 +1009,90 @@ TEST_P(ReadFlushContract, ReadPersistsExactlyTheWrittenRangesFirst) {
   EXPECT_EQ(calls_after_read, 0);
 }
 
+// kPersistEachWrite (placement order, docs/protocol.md "Ordering"): each
+// Write is persisted as it lands, before the next operation executes, so a
+// later Write is never placed while an earlier one is not yet durable; the
+// Read after them has nothing left to persist. A persist that fails fails
+// the Write's connection.
+TEST_P(ReadFlushContract, APersistEachWriteRegistrationPersistsEveryWriteBeforeTheNext) {
+  std::vector<std::byte> remote(1 << 16), local(8192);
+  for (size_t i = 0; i < local.size(); ++i) local[i] = std::byte(1 + i % 251);
+  auto p = make_pair();
+  ASSERT_TRUE(p.active && p.passive);
+  EXPECT_EQ(p.passive
+                ->register_memory(remote.data(), remote.size(), kRemoteRead | kPersistEachWrite,
+                                  [](const void*, size_t) { return Status::Ok(); })
+                .status()
+                .code(),
+            Errc::kInvalidArgument)
+      << "kPersistEachWrite without kRemoteWrite";
+  EXPECT_EQ(p.passive
+                ->register_memory(remote.data(), remote.size(), kRemoteWrite | kPersistEachWrite)
+                .status()
+                .code(),
+            Errc::kInvalidArgument)
+      << "kPersistEachWrite without a persist function";
+
+  std::mutex mu;
+  struct Call {
+    uintptr_t addr;
+    size_t len;
+    bool next_placed;  // the following Write's first byte was already there
+  };
+  std::vector<Call> calls;
+  auto base = reinterpret_cast<uintptr_t>(remote.data());
+  std::atomic<bool> failing{false};
+  // Writes go to 0, 4096, 8192, ...: at the persist of the one at k*4096,
+  // the one at (k+1)*4096 must not be placed yet.
+  auto record = [&](const void* a, size_t n) {
+    auto at = reinterpret_cast<uintptr_t>(a);
+    size_t next = at - base + 4096;
+    std::lock_guard lk(mu);
+    calls.push_back({at, n, next < remote.size() && remote[next] != std::byte{0}});
+    if (failing)
+      return Status(Errc::kIoError, "volume 'v': persist of a Write failed (test)");
+    return Status::Ok();
+  };
+  auto rmr = p.passive->register_memory(remote.data(), remote.size(),
+                                        kRemoteWrite | kRemoteRead | kPersistEachWrite, record);
+  auto lmr = p.active->register_memory(local.data(), local.size(), kLocalOnly);
+  ASSERT_TRUE(rmr.ok()) << rmr.status().to_string();
+  ASSERT_TRUE(lmr.ok());
+  RemoteKey key = (*rmr)->remote_key();
+  harness().hold_execution(true);
+  for (uint64_t i = 0; i < 4; ++i)
+    ASSERT_TRUE(p.active->post_write(**lmr, i, 100 + i, key, i * 4096, i + 1, false).ok());
+  ASSERT_TRUE(p.active->post_read(**lmr, 4096, 8, key, 0, 9).ok());
+  harness().hold_execution(false);
+  auto c = wait_for(*p.active, 1);
+  ASSERT_EQ(c.size(), 1u);
+  ASSERT_TRUE(c[0].status.ok()) << c[0].status.to_string();
+  {
+    std::lock_guard lk(mu);
+    ASSERT_EQ(calls.size(), 4u) << "one persist per Write, none more at the Read";
+    for (size_t i = 0; i < calls.size(); ++i) {
+      EXPECT_EQ(calls[i].addr, base + i * 4096) << i;
+      EXPECT_EQ(calls[i].len, 100 + i) << i;
+      EXPECT_FALSE(calls[i].next_placed) << "Write " << i + 1 << " was placed before Write " << i
+                                         << " was persisted";
+    }
+  }
+  EXPECT_EQ(0, std::memcmp(remote.data() + 3 * 4096, local.data() + 3, 103));
+
+  // A persist that fails refuses its Write: the connection breaks and says why.
+  failing = true;
+  harness().hold_execution(true);
+  ASSERT_TRUE(p.active->post_write(**lmr, 0, 64, key, 5 * 4096, 20, false).ok());
+  ASSERT_TRUE(p.active->post_read(**lmr, 4096, 8, key, 0, 21).ok());
+  harness().hold_execution(false);
+  Status closed;
+  c = drain_until_closed(*p.active, &closed);
+  ASSERT_GE(c.size(), 1u);
+  EXPECT_FALSE(c[0].status.ok());
+  EXPECT_NE(c[0].status.message().find("persist of a Write failed (test)"), std::string::npos)
+      << c[0].status.to_string();
+}
+
 // A write-back error on the passive side: the Read that flushes is refused
 // with the PersistFn's message (not answered as if durable), the connection
 // breaks, and a later flush cannot succeed either.

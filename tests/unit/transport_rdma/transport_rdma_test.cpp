@@ -114,6 +114,25 @@ TEST(RdmaTransportNoDevice, ConnectAndListenSayThereIsNoDevice) {
   EXPECT_EQ(l.status().code(), Errc::kUnsupported);
 }
 
+// The NIC places Writes without the CPU: rdma says it cannot persist each
+// one (a target then never declares placement order by it; APM over rdma has
+// it by the platform's model instead).
+TEST_F(RdmaTransport, RefusesToPersistEachWrite) {
+  auto caps = capabilities(Kind::kRdma);
+  ASSERT_TRUE(caps.ok()) << caps.status().to_string();
+  EXPECT_FALSE(caps->persists_each_write);
+  auto p = make_pair();
+  ASSERT_TRUE(p.active && p.passive);
+  std::vector<std::byte> remote(4096);
+  auto rmr = p.passive->register_memory(remote.data(), remote.size(),
+                                        kRemoteWrite | kPersistEachWrite,
+                                        [](const void*, size_t) { return Status::Ok(); });
+  ASSERT_FALSE(rmr.ok());
+  EXPECT_EQ(rmr.status().code(), Errc::kUnsupported);
+  EXPECT_NE(rmr.status().message().find("cannot persist each Write"), std::string::npos)
+      << rmr.status().message();
+}
+
 TEST_F(RdmaTransport, SendRecvWithSlotReuseBeyondSlotCount) {
   ConnectionOptions opt;
   opt.recv_slots = 4;
