@@ -66,7 +66,6 @@ Status Replica::handshake(const Setup& setup) {
   if (!connection.ok()) return connection.status();
   connection_ = std::move(connection).value();
   messenger_ = std::make_unique<session::Messenger>(*connection_);
-  placed_in_order_ = kind == transport::Kind::kRdma;
 
   auto client_nonce = auth::random_nonce();
   if (!client_nonce.ok()) return client_nonce.status();
@@ -74,7 +73,8 @@ Status Replica::handshake(const Setup& setup) {
   hello.volume = setup.options.name;
   hello.identity = setup.options.identity;
   hello.client_nonce = *client_nonce;
-  hello.flags = protocol::kHelloCumulativeAcks | protocol::kHelloLineage;
+  hello.flags =
+      protocol::kHelloCumulativeAcks | protocol::kHelloLineage | protocol::kHelloPlacementOrder;
   hello.lineage = setup.lineage;
   PMIRROR_RETURN_IF_ERROR(messenger_->send(hello));
 
@@ -116,6 +116,11 @@ Status Replica::handshake(const Setup& setup) {
                   "can use (methods " +
                       std::to_string(descriptor->methods) + ")");
   }
+  // Under APM placed Writes are durable in placement order over rdma (the
+  // model APM assumes) and where the target says it persists each Write;
+  // elsewhere (tcp onto a plain file) only at a flush Read.
+  placed_in_order_ = apm_ && (kind == transport::Kind::kRdma ||
+                              (descriptor->methods & protocol::kMethodPlacementOrder) != 0);
   remote_ = {descriptor->remote_address, descriptor->rkey, descriptor->region_size};
   remote_size_ = descriptor->region_size;
   generation_ = descriptor->generation;
@@ -152,7 +157,8 @@ Status Replica::handshake(const Setup& setup) {
   post_scratch_.reserve(kMaxRangesPerPersist + 2);
   last_heard_ = last_sent_ = Clock::now();
   log::debug("replica {}: session open, method {}, session generation {}, last sequence {}", label_,
-             apm_ ? "apm" : "gpspm", generation_, remote_last_sequence_);
+             !apm_ ? "gpspm" : placed_in_order_ ? "apm, placement order" : "apm", generation_,
+             remote_last_sequence_);
   return Status::Ok();
 }
 

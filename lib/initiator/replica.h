@@ -94,7 +94,8 @@ class Replica {
   // tcp (and the fake) each group's Writes are followed by a flush Read of
   // their own, posted at once and not waited for, so that no group is
   // placed before the one before it is flushed (the tcp target persists at
-  // each Read); over rdma placement order is durability order, and the
+  // each Read); over rdma, and where the target declared placement order
+  // (it persists each Write), placement order is durability order, and the
   // groups need nothing between them. GPSPM
   // cannot keep that order inside one persist: kInternal (the pipeline
   // starts each group as a persist of its own there).
@@ -249,8 +250,9 @@ class Replica {
   uint64_t remote_size_ = 0;
   bool apm_ = false;
   // Under APM, placed Writes become durable in placement order (rdma: the
-  // model APM assumes); tcp and the fake persist at a Read instead, so an
-  // ordered persist's groups need a flush each there.
+  // model APM assumes; tcp and the fake where the target declared
+  // kMethodPlacementOrder); otherwise the target persists at a Read, so an
+  // ordered persist's groups need a flush each.
   bool placed_in_order_ = false;
   uint64_t generation_ = 0;
   uint64_t remote_last_sequence_ = 0;

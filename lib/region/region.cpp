@@ -7,8 +7,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
 
 #include "common/log.h"
 #include "common/preflight.h"
@@ -177,7 +179,12 @@ Result<std::unique_ptr<Region>> Region::map(std::unique_ptr<Region> region, uint
   region->data_ = static_cast<std::byte*>(addr);
   region->mapped_len_ = mapped_len;
   region->size_ = mapped_len;
-  region->is_pmem_ = is_pmem != 0;
+  // PMEM_IS_PMEM_FORCE=1 (libpmem's variable) treats the mapping as pmem:
+  // libpmem latches it at its first is_pmem question in the process, this
+  // reads it at each open, so that it also holds for a volume opened after
+  // it was set (the tests set it per case).
+  const char* forced = std::getenv("PMEM_IS_PMEM_FORCE");
+  region->is_pmem_ = is_pmem != 0 || (forced != nullptr && std::string_view(forced) == "1");
 
   if (devdax) {
     region->backing_ = Backing::kDevdax;

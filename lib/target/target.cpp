@@ -39,6 +39,13 @@ uint32_t offered_methods(const transport::Capabilities& transport,
         methods |= protocol::kMethodApm;
       break;
   }
+  // Where the target's CPU places each Write (tcp) and a persist of it is a
+  // cache-line flush (pmem), it persists every Write as it lands: placement
+  // order is durability order, and an ordered persist's groups need no
+  // flush Read between them. On a plain file that would be an msync per
+  // Write instead of one per flush: not offered there.
+  if ((methods & protocol::kMethodApm) != 0 && transport.persists_each_write && region.is_pmem())
+    methods |= protocol::kMethodPlacementOrder;
   return methods;
 }
 

@@ -108,6 +108,7 @@ json volume_json(const VolumeStatus& v) {
   json methods = json::array();
   if ((v.methods & protocol::kMethodApm) != 0) methods.push_back("apm");
   if ((v.methods & protocol::kMethodGpspm) != 0) methods.push_back("gpspm");
+  if ((v.methods & protocol::kMethodPlacementOrder) != 0) methods.push_back("placement-order");
   volume["methods"] = std::move(methods);
   json peers = json::array();
   for (const auto& session : v.sessions) peers.push_back(session_json(session));

@@ -274,8 +274,17 @@ class Session {
     }
 
     region::Region& region = region_;
+    // Placement order only for an initiator that understands the bit (one
+    // that predates it refuses a descriptor carrying it).
+    methods_ = volume_.methods;
+    if ((peer_.hello.flags & protocol::kHelloPlacementOrder) == 0)
+      methods_ &= ~uint32_t{protocol::kMethodPlacementOrder};
+    const uint32_t access = transport::kRemoteWrite | transport::kRemoteRead |
+                            ((methods_ & protocol::kMethodPlacementOrder) != 0
+                                 ? uint32_t{transport::kPersistEachWrite}
+                                 : 0u);
     auto registration = peer_.connection->register_memory(
-        region.data(), region.size(), transport::kRemoteWrite | transport::kRemoteRead,
+        region.data(), region.size(), access,
         // A failure fails the Read that flushes (tcp) and the region for
         // good (region.h), which ends this session and refuses later ones.
         [&region](const void* addr, size_t len) { return region.persist_range(addr, len); });
@@ -365,7 +374,7 @@ class Session {
     descriptor.region_size = region_.size();
     descriptor.remote_address = key.address;
     descriptor.rkey = key.rkey;
-    descriptor.methods = volume_.methods;
+    descriptor.methods = methods_;
     descriptor.generation = book_.generation;
     descriptor.last_sequence = book_.last_sequence;
     descriptor.recv_slots = peer_.connection->options().recv_slots;
@@ -381,14 +390,17 @@ class Session {
     }
     {
       std::lock_guard lock(volume_.mutex);
-      record_.method = (volume_.methods & protocol::kMethodApm) != 0 ? "apm+gpspm" : "gpspm";
+      record_.method = (methods_ & protocol::kMethodApm) == 0 ? "gpspm"
+                       : (methods_ & protocol::kMethodPlacementOrder) != 0
+                           ? "apm+gpspm, placement order"
+                           : "apm+gpspm";
     }
     record_.acknowledged = book_.last_sequence;
     record_.state.transition(supervisor::PeerState::kConnected, "session open");
     log::info(
         "{}: volume {}: session open (session generation {}, last sequence {}, methods {:#x}; "
         "copy generation {}{}{})",
-        who(), name(), book_.generation, book_.last_sequence, volume_.methods,
+        who(), name(), book_.generation, book_.last_sequence, methods_,
         hex16(descriptor.data_generation),
         (descriptor.copy_flags & protocol::kCopyConsistent) != 0 ? "" : ", inconsistent",
         (descriptor.copy_flags & protocol::kCopyUnclean) != 0
@@ -633,6 +645,7 @@ class Session {
   WriterClaim claim_;
   SessionMetadata md_;
   std::unique_ptr<transport::MemoryRegion> registration_;
+  uint32_t methods_ = 0;  // declared to this initiator (VolumeDescriptor.methods)
   Bookkeeping book_;
   uint64_t access_seen_;
   bool open_ = true;

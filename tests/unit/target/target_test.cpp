@@ -250,6 +250,62 @@ TEST_F(TargetTest, StartCreatesTheCopyMetadataAndStatusShowsIt) {
   EXPECT_EQ(copy["uuid"].get<std::string>().size(), 36u);
 }
 
+// Placement order (docs/protocol.md, "Ordering"): a tcp target whose copy
+// is pmem persists each Write as it lands and says so, but only to an
+// initiator whose Hello says it knows the bit (an older one would refuse the
+// descriptor). On a plain file it is not offered (an msync per Write).
+TEST_F(TargetTest, PlacementOrderIsDeclaredOnPmemToAnInitiatorThatKnowsIt) {
+  const uint32_t apm_gpspm = protocol::kMethodApm | protocol::kMethodGpspm;
+  start();
+  auto plain = open_session(target_->port(), "v1", "app", protocol::kHelloPlacementOrder);
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  EXPECT_EQ(plain->descriptor.methods, apm_gpspm) << "a plain file";
+  EXPECT_EQ(volume_status()["methods"], nlohmann::json({"apm", "gpspm"}));
+  ASSERT_TRUE(plain->send(protocol::Goodbye{}).ok());
+  ASSERT_TRUE(wait_no_writer());
+  stop();
+
+  ::setenv("PMEM_IS_PMEM_FORCE", "1", 1);  // the copy's mapping counts as pmem
+  start();
+  ::unsetenv("PMEM_IS_PMEM_FORCE");
+  EXPECT_EQ(volume_status()["methods"], nlohmann::json({"apm", "gpspm", "placement-order"}));
+  {
+    auto older = open_session(target_->port());
+    ASSERT_TRUE(older.ok()) << older.status().to_string();
+    EXPECT_EQ(older->descriptor.methods, apm_gpspm) << "an initiator that predates the bit";
+    ASSERT_TRUE(older->send(protocol::Goodbye{}).ok());
+    ASSERT_TRUE(wait_no_writer());
+  }
+  auto client = open_session(target_->port(), "v1", "app", protocol::kHelloPlacementOrder);
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  EXPECT_EQ(client->descriptor.methods, apm_gpspm | protocol::kMethodPlacementOrder);
+  // Its registration takes Writes (each persisted as it lands).
+  std::vector<std::byte> bytes(300 + 8);  // the last 8 take the flush Read
+  for (size_t i = 0; i < 300; ++i) bytes[i] = std::byte(0x40 + i % 64);
+  auto local = client->connection->register_memory(bytes.data(), bytes.size(), transport::kLocalOnly);
+  ASSERT_TRUE(local.ok()) << local.status().to_string();
+  const transport::RemoteKey remote{client->descriptor.remote_address, client->descriptor.rkey,
+                                    client->descriptor.region_size};
+  ASSERT_TRUE(client->connection->post_write(**local, 0, 200, remote, 8192, 1, false).ok());
+  ASSERT_TRUE(client->connection->post_write(**local, 200, 100, remote, 12288, 2, false).ok());
+  ASSERT_TRUE(client->connection->post_read(**local, 300, 8, remote, 12288, 3).ok());
+  std::vector<transport::Completion> polled_buffer(8);
+  std::vector<transport::Completion> done;
+  ASSERT_TRUE(wait_until([&] {
+    auto polled = client->connection->poll(polled_buffer, 10ms);
+    if (!polled.ok()) return true;
+    done.insert(done.end(), polled_buffer.begin(), polled_buffer.begin() + long(*polled));
+    return !done.empty();
+  }));
+  ASSERT_EQ(done.size(), 1u);
+  ASSERT_TRUE(done[0].status.ok()) << done[0].status.to_string();
+  ASSERT_TRUE(client->send(protocol::Goodbye{}).ok());
+  ASSERT_TRUE(wait_no_writer());
+  auto file = file_bytes();
+  EXPECT_EQ(0, std::memcmp(file.data() + 8192, bytes.data(), 200));
+  EXPECT_EQ(0, std::memcmp(file.data() + 12288, bytes.data() + 200, 100));
+}
+
 // Before authentication a peer is nobody: no session record (status and
 // events never see its bytes), no thread. Its identity here is not even
 // UTF-8. Only the counters say it was there.
