@@ -581,6 +581,7 @@ class CrashTest : public ::testing::Test {
     uint64_t unacked_survived = 0;  // crash after the flush, before the acknowledgement
     uint64_t unacked_lost = 0;      // crash with a Write not flushed yet
     uint64_t torn = 0;
+    uint64_t workload_operations = 0;  // the dry run's initiator operations
   };
 
   // Measures the workload, then crashes once after each of its operations.
@@ -601,6 +602,7 @@ class CrashTest : public ::testing::Test {
     EXPECT_TRUE(clean.violations.empty()) << "without a crash:" << clean.text();
     EXPECT_EQ(clean.intact, s.records);
     EXPECT_GT(dry.operations, s.records);
+    c.workload_operations = dry.operations;
     // After each operation, and once every persist has returned.
     for (uint64_t k = 0; k <= dry.operations + 1; ++k) {
       Outcome out = run_once(s, k <= dry.operations ? k : kAtEnd);
@@ -842,6 +844,32 @@ TEST_F(CrashTest, OrderedGroupsCrashKeepsAGroupBoundaryPlusOne) {
     }
     if (HasFailure()) break;
   }
+}
+
+// The same onto a copy the target takes for pmem: the tcp-like fabric
+// persists each Write as it applies it, the target declares placement
+// order, and the groups go without a flush Read between them (fewer
+// operations than the same workload onto a plain file). A crash at any
+// operation still leaves a group boundary plus part of the next, and no
+// Write is torn: each was durable before the next operation.
+TEST_F(CrashTest, OrderedGroupsUnderPlacementOrderKeepAGroupBoundaryPlusOne) {
+  Scenario s;
+  s.apm = config::ApmPolicy::kOn;
+  s.mode = Mode::kAsync;
+  s.ordered_groups = true;
+  s.records = 16;
+  s.window = 8;
+  s.tear = true;
+  s.boundary_plus_one = true;
+  const uint64_t with_flush_reads = run_once(s, std::nullopt).operations;
+  ASSERT_EQ(setenv("PMEM_IS_PMEM_FORCE", "1", 1), 0);
+  Coverage c = sweep(s);
+  unsetenv("PMEM_IS_PMEM_FORCE");
+  EXPECT_LT(c.workload_operations, with_flush_reads)
+      << "the groups still carry flush Reads: the target did not declare placement order";
+  EXPECT_EQ(c.torn, 0u) << "a Write was placed but not persisted before the next operation";
+  EXPECT_GT(c.unacked_survived, 0u)
+      << "some crash kept placed groups of an unacknowledged persist";
 }
 
 // The checker catches a later persist that landed before an earlier one.
