@@ -868,8 +868,7 @@ TEST_F(CrashTest, OrderedGroupsUnderPlacementOrderKeepAGroupBoundaryPlusOne) {
   EXPECT_LT(c.workload_operations, with_flush_reads)
       << "the groups still carry flush Reads: the target did not declare placement order";
   EXPECT_EQ(c.torn, 0u) << "a Write was placed but not persisted before the next operation";
-  EXPECT_GT(c.unacked_survived, 0u)
-      << "some crash kept placed groups of an unacknowledged persist";
+  EXPECT_GT(c.unacked_survived, 0u) << "some crash kept placed groups of an unacknowledged persist";
 }
 
 // The checker catches a later persist that landed before an earlier one.
