@@ -257,8 +257,9 @@ class PMIRROR_EXPORT Volume {
   // Each group is durable on a replica only once the groups before it are,
   // as if each were a persist_async of its own, yet over APM they share one
   // sequence, one commit record and one wait (the flush between two groups
-  // is posted at once, not waited for); a replica using GPSPM takes them as
-  // a persist each. The sequence returned stands for them all. Ranges and
+  // is posted at once, not waited for, or not posted where the target
+  // declares placement order); a replica using GPSPM takes them as a
+  // persist each. The sequence returned stands for them all. Ranges and
   // snapshot as above. Errors: as above; kInvalidArgument when the group
   // sizes do not add up to `count`.
   Result<uint64_t> persist_ordered_async(const PersistRange* ranges, size_t count,
