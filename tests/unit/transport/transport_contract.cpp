@@ -1083,7 +1083,13 @@ TEST_P(ReadFlushContract, APersistEachWriteRegistrationPersistsEveryWriteBeforeT
   failing = true;
   harness().hold_execution(true);
   ASSERT_TRUE(p.active->post_write(**lmr, 0, 64, key, 5 * 4096, 20, false).ok());
-  ASSERT_TRUE(p.active->post_read(**lmr, 4096, 8, key, 0, 21).ok());
+  // The Read may find the connection already broken by the Write's failure
+  // (the tcp receiver is not held while the active side posts): then it is
+  // refused as closed, and the Write's completion below still says why.
+  Status read_posted = p.active->post_read(**lmr, 4096, 8, key, 0, 21);
+  EXPECT_TRUE(read_posted.ok() || read_posted.code() == Errc::kClosed ||
+              read_posted.code() == Errc::kConnectionError)
+      << read_posted.to_string();
   harness().hold_execution(false);
   Status closed;
   c = drain_until_closed(*p.active, &closed);
