@@ -238,8 +238,9 @@ Status validate(const Hello& m, Errc code) {
   PMIRROR_RETURN_IF_ERROR(blame(check_name(m.volume), code, "Hello.volume"));
   PMIRROR_RETURN_IF_ERROR(blame(check_identity(m.identity), code, "Hello.identity"));
   if ((m.flags & ~kHelloFlagsKnown) != 0) {
-    return Status(code, "Hello.flags has undefined bits " + hex(m.flags & ~kHelloFlagsKnown) +
-                            " (defined: cumulative acks 0x1, fence 0x2, lineage 0x4, placement order 0x8)");
+    return Status(
+        code, "Hello.flags has undefined bits " + hex(m.flags & ~kHelloFlagsKnown) +
+                  " (defined: cumulative acks 0x1, fence 0x2, lineage 0x4, placement order 0x8)");
   }
   if ((m.flags & kHelloLineage) == 0 && m.lineage != Lineage{}) {
     return Status(code, "Hello.lineage is set without the lineage flag");

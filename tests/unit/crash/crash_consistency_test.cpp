@@ -819,6 +819,20 @@ TEST_F(CrashTest, GpspmAsyncCrashKeepsAPersistBoundaryPlusOne) {
   EXPECT_GT(c.torn, 0u);
 }
 
+// 16 records as ordered persists of groups, 8 in flight, torn Writes,
+// checked for a group boundary plus part of the next.
+Scenario ordered_groups_scenario(config::ApmPolicy apm) {
+  Scenario s;
+  s.apm = apm;
+  s.mode = Mode::kAsync;
+  s.ordered_groups = true;
+  s.records = 16;
+  s.window = 8;
+  s.tear = true;
+  s.boundary_plus_one = true;
+  return s;
+}
+
 // Ordered groups of one persist (persist_ordered_async: one sequence)
 // under the tcp target's model: placed bytes that no Read flushed yet
 // survive in any subset. APM: the flush Read after each group keeps them in
@@ -828,15 +842,7 @@ TEST_F(CrashTest, GpspmAsyncCrashKeepsAPersistBoundaryPlusOne) {
 TEST_F(CrashTest, OrderedGroupsCrashKeepsAGroupBoundaryPlusOne) {
   for (auto apm : {config::ApmPolicy::kOn, config::ApmPolicy::kOff}) {
     SCOPED_TRACE(apm == config::ApmPolicy::kOn ? "apm" : "gpspm");
-    Scenario s;
-    s.apm = apm;
-    s.mode = Mode::kAsync;
-    s.ordered_groups = true;
-    s.records = 16;
-    s.window = 8;
-    s.tear = true;
-    s.boundary_plus_one = true;
-    Coverage c = sweep(s);
+    Coverage c = sweep(ordered_groups_scenario(apm));
     EXPECT_GT(c.torn, 0u);
     if (apm == config::ApmPolicy::kOn) {
       EXPECT_GT(c.unacked_survived, 0u)
@@ -853,14 +859,7 @@ TEST_F(CrashTest, OrderedGroupsCrashKeepsAGroupBoundaryPlusOne) {
 // operation still leaves a group boundary plus part of the next, and no
 // Write is torn: each was durable before the next operation.
 TEST_F(CrashTest, OrderedGroupsUnderPlacementOrderKeepAGroupBoundaryPlusOne) {
-  Scenario s;
-  s.apm = config::ApmPolicy::kOn;
-  s.mode = Mode::kAsync;
-  s.ordered_groups = true;
-  s.records = 16;
-  s.window = 8;
-  s.tear = true;
-  s.boundary_plus_one = true;
+  const Scenario s = ordered_groups_scenario(config::ApmPolicy::kOn);
   const uint64_t with_flush_reads = run_once(s, std::nullopt).operations;
   ASSERT_EQ(setenv("PMEM_IS_PMEM_FORCE", "1", 1), 0);
   Coverage c = sweep(s);
