@@ -215,13 +215,16 @@ Status check_range_list(const std::vector<Range>& ranges) {
                                               ", must be 1.." +
                                               std::to_string(kMaxRangesPerMessage));
   }
+  // A Commit holds up to kMaxRangesPerMessage ranges: the text of a
+  // failure is made only when one fails.
+  auto where = [](size_t i) { return "ranges[" + std::to_string(i) + "]"; };
   for (size_t i = 0; i < ranges.size(); ++i) {
     const Range& r = ranges[i];
-    std::string where = "ranges[" + std::to_string(i) + "]";
-    if (r.length == 0) return Status(Errc::kInvalidArgument, where + ": length is 0");
+    if (r.length == 0) return Status(Errc::kInvalidArgument, where(i) + ": length is 0");
     if (r.offset > std::numeric_limits<uint64_t>::max() - r.length) {
-      return Status(Errc::kInvalidArgument, where + ": offset " + hex(r.offset) + " + length " +
-                                                hex(r.length) + " overflows 64 bits");
+      return Status(Errc::kInvalidArgument, where(i) + ": offset " + hex(r.offset) +
+                                                " + length " + hex(r.length) +
+                                                " overflows 64 bits");
     }
   }
   return Status::Ok();
@@ -684,17 +687,20 @@ Result<Message> decode(std::span<const std::byte> bytes) {
 
 Status check_ranges(std::span<const Range> ranges, uint64_t region_size) {
   if (ranges.empty()) return Status(Errc::kInvalidArgument, "no ranges given");
+  // On every Commit's ranges: the text only for the one that fails.
+  auto where = [&](size_t i) {
+    return "range " + std::to_string(i) + " (offset " + std::to_string(ranges[i].offset) +
+           ", length " + std::to_string(ranges[i].length) + ")";
+  };
   for (size_t i = 0; i < ranges.size(); ++i) {
     const Range& r = ranges[i];
-    std::string where = "range " + std::to_string(i) + " (offset " + std::to_string(r.offset) +
-                        ", length " + std::to_string(r.length) + ")";
-    if (r.length == 0) return Status(Errc::kInvalidArgument, where + ": length is 0");
+    if (r.length == 0) return Status(Errc::kInvalidArgument, where(i) + ": length is 0");
     if (r.offset > std::numeric_limits<uint64_t>::max() - r.length) {
-      return Status(Errc::kInvalidArgument, where + ": offset + length overflows 64 bits");
+      return Status(Errc::kInvalidArgument, where(i) + ": offset + length overflows 64 bits");
     }
     if (r.offset + r.length > region_size) {
-      return Status(Errc::kInvalidArgument,
-                    where + ": ends beyond the volume's " + std::to_string(region_size) + " bytes");
+      return Status(Errc::kInvalidArgument, where(i) + ": ends beyond the volume's " +
+                                                std::to_string(region_size) + " bytes");
     }
   }
   return Status::Ok();

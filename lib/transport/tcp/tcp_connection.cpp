@@ -1132,9 +1132,11 @@ Status TcpConnection::receive_loop() {
         uint32_t slot;
         {
           std::unique_lock lk(mu_);
-          // RNR: stop reading until the application reposts a slot -- after
-          // answering the Reads read so far (the peer may wait for them).
-          if (posted_count_ == 0 && resp_count_ > 0 && !broken_) send_inline(lk);
+          // The Reads read so far are answered before the Send is delivered:
+          // its completion wakes the application (a Commit after a persist's
+          // flush Read), which may take this core before the answer left.
+          // And before an RNR stop (the peer may wait for them).
+          if (resp_count_ > 0 && !broken_) send_inline(lk);
           while (posted_count_ == 0 && !broken_) {
             receiver_waits_slot_ = true;
             receiver_cv_.wait(lk);
