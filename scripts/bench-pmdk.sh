@@ -2,7 +2,7 @@
 # A small libpmemobj transaction (examples/02-pmemobj-counters: the root's
 # counters, about 540 bytes, in one transaction) followed by its 1-line log
 # write (one write(2) of "committed K" to a log file: the commit made visible
-# outside the process), four ways in the same rounds (docs/benchmarks.md,
+# outside the process), five ways in the same rounds (docs/benchmarks.md,
 # "Unmodified PMDK programs" and "issue 25"):
 #   plain      the program alone, its pool unmirrored;
 #   drain      the same binary under `pmirror-run --durability drain`: every
@@ -12,19 +12,23 @@
 #              before its state is seen outside it (here: the log write);
 #   rewritten  the same transaction written for libpmirror
 #              (bench/pmirror_counters.cpp: one persist, then the same log
-#              write), the floor of what a mirrored transaction costs here.
+#              write), the floor of what a mirrored transaction costs here;
+#   shaped     the rewritten program writing what libpmemobj writes for the
+#              transaction (`--shaped`: 5 ordered groups, 6 ranges, one
+#              persist_ordered_async and one wait), a control: observed /
+#              shaped is what pmirror-run costs beyond the shape's Writes.
 # One replica: pmirrord on this machine, tcp on loopback by default. Each
 # program times every transaction itself, the same way (clock_gettime
 # (CLOCK_MONOTONIC) before the transaction and after its log write; p50 and
 # p99 by nearest rank) and prints "transactions_per_s=R p50_us=A p99_us=B".
-# The order of the four ways changes from round to round (a balanced Latin
-# square: over 4 rounds each way runs once in each place and once right after
-# each other way). Files on /dev/shm
+# The order of the five ways changes from round to round (a Williams design:
+# over 5 rounds each way runs once in each place, over 10 twice in each place
+# and twice right after each other way). Files on /dev/shm
 # with PMEM_IS_PMEM_FORCE=1, so that libpmem flushes CPU caches as on pmem
 # instead of calling msync (a disk's msync would hide everything else).
 # Prints each round (with the load average), then the medians over rounds,
-# the medians of same-round ratios observed/rewritten and drain/rewritten
-# (p50 and p99), and the load average.
+# the medians of same-round ratios observed/rewritten, drain/rewritten and
+# observed/shaped (p50 and p99), and the load average.
 #   scripts/bench-pmdk.sh [ROUNDS (default 5)] [TRANSACTIONS (default 2000)] [BUILD_DIR]
 # Environment (the lab's rdma run, scripts/lab/bench.sh --pmdk, sets them):
 #   PMIRROR_BENCH_PMDK_TRANSPORT  tcp (default) | rdma
@@ -50,8 +54,8 @@ for b in examples/pmemobj-counters bench/pmirror-counters-bench daemon/pmirror-r
 done
 "$build/daemon/pmirror-run" --help | grep -q -- --durability ||
   { echo "$build/daemon/pmirror-run has no --durability: rebuild" >&2; exit 1; }
-"$build/bench/pmirror-counters-bench" --help | grep -q -- --log ||
-  { echo "$build/bench/pmirror-counters-bench has no --log: rebuild" >&2; exit 1; }
+"$build/bench/pmirror-counters-bench" --help | grep -q -- --shaped ||
+  { echo "$build/bench/pmirror-counters-bench has no --shaped: rebuild" >&2; exit 1; }
 
 work=$(mktemp -d "${PMIRROR_BENCH_PMDK_DIR:-/dev/shm}/pmirror-bench-pmdk.XXXXXX")
 daemon_pid=
@@ -130,6 +134,10 @@ way() {
       "$rewritten" --config "$work/cluster.yaml" --volume raw --node app --identity app1 \
         --count "$2" --log "$log"
       ;;
+    shaped)
+      "$rewritten" --config "$work/cluster.yaml" --volume raw --node app --identity app1 \
+        --count "$2" --log "$log" --shaped
+      ;;
   esac 2>"$work/$1.err" || status=$?
   if [[ $status != 0 ]]; then
     echo "bench-pmdk.sh: $1 failed (status $status):" >&2
@@ -137,8 +145,9 @@ way() {
     return "$status"
   fi
 }
-ways=(plain drain observed rewritten)
-latin=("0 1 3 2" "1 2 0 3" "2 3 1 0" "3 0 2 1")
+ways=(plain drain observed rewritten shaped)
+latin=("0 1 4 2 3" "1 2 0 3 4" "2 3 1 4 0" "3 4 2 0 1" "4 0 3 1 2"
+  "3 2 4 1 0" "4 3 0 2 1" "0 4 1 3 2" "1 0 2 4 3" "2 1 3 0 4")
 
 # Warm-up, not counted: the volumes' first open copies them whole to the
 # replica (a new copy), which would weigh on the first round.
@@ -150,11 +159,10 @@ field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" <<<"$2"; }
 declare -A results
 loads=""
 for round in $(seq "$rounds"); do
-  # The order of round r is row (r-1) mod 4 of a balanced Latin square:
-  # over 4 rounds each way runs once in each place and right after each
-  # other way once (a plain rotation would always run observed after drain).
+  # The order of round r is row (r-1) mod 10 of the Williams design (a
+  # plain rotation would always run observed after drain).
   order=()
-  for i in ${latin[$(((round - 1) % 4))]}; do order+=("${ways[$i]}"); done
+  for i in ${latin[$(((round - 1) % 10))]}; do order+=("${ways[$i]}"); done
   declare -A line=()
   building_before=0
   pgrep -x ninja >/dev/null && building_before=1
@@ -199,7 +207,8 @@ ratio() {
 }
 echo
 echo "same-round ratios, median over rounds [each round's]:"
-for pair in "observed rewritten" "drain rewritten" "observed drain" "rewritten plain"; do
+for pair in "observed rewritten" "drain rewritten" "observed shaped" "shaped rewritten" \
+  "observed drain" "rewritten plain"; do
   read -r a b <<<"$pair"
   for f in p50_us p99_us; do
     printf '  %-9s / %-9s %s: %s\n' "$a" "$b" "${f%_us}" "$(ratio "$a" "$b" "$f")"

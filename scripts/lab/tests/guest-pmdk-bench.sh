@@ -6,8 +6,9 @@
 # and the logs in the guest's /dev/shm (rxe cannot register fsdax pages, and
 # libpmirror registers the local copy as its Writes' source; a file on tmpfs
 # registers). Plain, pmirror-run --durability drain, pmirror-run --durability
-# observed and the rewritten program in the same rounds; one row per (round,
-# way) into OUT_DIR/rounds.tsv, the script's own summary to stdout.
+# observed, the rewritten program and its --shaped control in the same
+# rounds; one row per (round, way) into OUT_DIR/rounds.tsv, the script's own
+# summary to stdout.
 #   guest-pmdk-bench.sh BUILD_DIR OUT_DIR
 # Environment (bench.sh passes them on):
 #   PMIRROR_LAB_PMDK_ROUNDS  rounds (default 5)
