@@ -71,6 +71,9 @@ class Messenger {
   // for an orderly close. Messages that arrive meanwhile are kept for the
   // next pump/receive.
   Status wait_sends(std::chrono::milliseconds timeout);
+  // Whether every message sent so far has left (as known from the
+  // completions pumped so far).
+  bool sends_done() const { return sends_completed_ >= sends_posted_; }
 
   transport::Connection& connection() { return connection_; }
 

@@ -21,6 +21,8 @@ namespace {
 // How often connections that offer no descriptor to wait on (rdma, the
 // fake fabric) are polled.
 constexpr std::chrono::milliseconds kTick{10};
+// How long a refused handshake waits for its ErrorReply to leave.
+constexpr std::chrono::milliseconds kRefusalLinger{1000};
 // Connections taken from the listener per step, so that handshakes under
 // way progress during a flood too.
 constexpr int kAcceptsPerStep = 128;
@@ -35,6 +37,9 @@ struct Admission::Handshake {
   std::string peer;  // address
   Clock::time_point deadline;
   bool hello_received = false;
+  // Refused: the ErrorReply is posted, the connection closes once it has
+  // left (or at `deadline`), so that the peer reads why.
+  bool closing = false;
   protocol::Hello hello;
   std::shared_ptr<ServedVolume> volume;
   auth::Nonce server_nonce{};
@@ -73,7 +78,9 @@ bool Admission::step(std::chrono::milliseconds timeout) {
   auto wake_at = now + timeout;
   std::vector<int> fd_index(handshakes_.size(), -1);
   for (size_t i = 0; i < handshakes_.size(); ++i) {
-    int fd = handshakes_[i]->connection->wait_fd();
+    // A refused one is looked at every tick: its send's completion may
+    // not make the descriptor readable.
+    int fd = handshakes_[i]->closing ? -1 : handshakes_[i]->connection->wait_fd();
     if (fd >= 0) {
       fd_index[i] = static_cast<int>(fds.size());
       fds.push_back({fd, POLLIN, 0});
@@ -99,6 +106,10 @@ bool Admission::step(std::chrono::milliseconds timeout) {
     Handshake& h = *handshakes_[i];
     bool due = fd_index[i] < 0 || (ready > 0 && fds[fd_index[i]].revents != 0);
     if (due && advance(h) == Outcome::kDone) continue;
+    if (now >= h.deadline && h.closing) {
+      h.connection->shutdown();  // the reply did not leave in time: close anyway
+      continue;
+    }
     if (now >= h.deadline) {
       context_.admission.timed_out.fetch_add(1);
       if (no_session_log_.count(now)) {
@@ -134,7 +145,7 @@ bool Admission::step(std::chrono::milliseconds timeout) {
     h->messenger = std::make_unique<session::Messenger>(*h->connection);
     h->peer = h->connection->peer_address();
     h->deadline = Clock::now() + context_.options.handshake_timeout;
-    // The Hello may already be there.
+    // The Hello may already be there (and a refusal's reply may linger).
     if (advance(*h) == Outcome::kContinue) handshakes_.push_back(std::move(h));
   }
   context_.admission.unauthenticated = handshakes_.size();
@@ -145,10 +156,19 @@ bool Admission::step(std::chrono::milliseconds timeout) {
 Admission::Outcome Admission::advance(Handshake& h) {
   std::vector<protocol::Message> messages;
   Status pumped = h.messenger->pump(0ms, messages);
+  if (h.closing) {
+    // Refused: whatever the peer sends now is not read.
+    if (!pumped.ok() || h.messenger->sends_done()) {
+      h.connection->shutdown();
+      return Outcome::kDone;
+    }
+    return Outcome::kContinue;
+  }
   for (auto& message : messages) {
     if (!h.hello_received) {
       if (auto* hello = std::get_if<protocol::Hello>(&message)) {
         if (on_hello(h, *hello) == Outcome::kDone) return Outcome::kDone;
+        if (h.closing) return Outcome::kContinue;  // refused: nothing more is read
         continue;
       }
       context_.admission.refused.fetch_add(1);
@@ -156,8 +176,7 @@ Admission::Outcome Admission::advance(Handshake& h) {
         log::warn("{}: expected Hello, got {}", h.peer,
                   protocol::type_name(protocol::type_of(message)));
       }
-      refuse(h, Errc::kProtocolError, "expected Hello first");
-      return Outcome::kDone;
+      return refuse(h, Errc::kProtocolError, "expected Hello first");
     }
     if (auto* response = std::get_if<protocol::AuthResponse>(&message)) {
       return on_auth(h, *response);
@@ -176,8 +195,7 @@ Admission::Outcome Admission::advance(Handshake& h) {
       log::warn("{}: volume {}: expected AuthResponse, got {}", h.who(), h.hello.volume,
                 protocol::type_name(protocol::type_of(message)));
     }
-    refuse(h, Errc::kProtocolError, "expected AuthResponse");
-    return Outcome::kDone;
+    return refuse(h, Errc::kProtocolError, "expected AuthResponse");
   }
   if (!pumped.ok()) {
     // kClosed: the listener closed it to make room (it counts and logs
@@ -198,14 +216,12 @@ Admission::Outcome Admission::on_hello(Handshake& h, const protocol::Hello& hell
   if (h.volume == nullptr) {
     context_.admission.refused.fetch_add(1);
     if (refused_log_.count()) log::warn("{}: refused: no volume '{}'", h.who(), hello.volume);
-    refuse(h, Errc::kNotFound, "no volume '" + hello.volume + "' on this target");
-    return Outcome::kDone;
+    return refuse(h, Errc::kNotFound, "no volume '" + hello.volume + "' on this target");
   }
   auto nonce = auth::random_nonce();
   if (!nonce.ok()) {
     log::error("{}: {}", h.who(), nonce.status().to_string());
-    refuse(h, Errc::kInternal, "target cannot make a nonce");
-    return Outcome::kDone;
+    return refuse(h, Errc::kInternal, "target cannot make a nonce");
   }
   h.server_nonce = *nonce;
   if (Status sent = h.messenger->send(protocol::Challenge{h.server_nonce}); !sent.ok()) {
@@ -236,10 +252,9 @@ Admission::Outcome Admission::on_auth(Handshake& h, const protocol::AuthResponse
                 : fencer ? "a fence from an identity that is not one of the volume's nodes"
                          : "identity not in allowed_peers");
     }
-    refuse(h, Errc::kPermissionDenied,
-           "authentication failed for '" + protocol::printable(identity) + "' on volume '" + name +
-               "'");
-    return Outcome::kDone;
+    return refuse(h, Errc::kPermissionDenied,
+                  "authentication failed for '" + protocol::printable(identity) + "' on volume '" +
+                      name + "'");
   }
 
   // Authenticated: from here on the peer is somebody status may show.
@@ -289,12 +304,27 @@ Admission::Outcome Admission::on_auth(Handshake& h, const protocol::AuthResponse
   return Outcome::kDone;
 }
 
-void Admission::refuse(Handshake& h, Errc code, const std::string& text) {
-  // A dormant connection sends in this thread: the ErrorReply is in the
-  // kernel when send() returns (it always fits an empty socket buffer), so
-  // shutting down at once still lets the peer read why.
-  (void)h.messenger->send(protocol::make_error_reply(Status(code, text)));
-  h.connection->shutdown();
+Admission::Outcome Admission::refuse(Handshake& h, Errc code, const std::string& text) {
+  // A dormant tcp connection sends in this thread: the ErrorReply is in the
+  // kernel when send() returns (it always fits an empty socket buffer) and
+  // its completion is there at the next pump, so it closes at once. Over
+  // rdma the post may return before the NIC sent it (a hardware NIC, or
+  // rxe from 6.12 on, whose requester is a work queue), and closing then
+  // would flush it: the peer would read a bare disconnect. The handshake
+  // then lingers, reading nothing, until the reply's send completed or for
+  // kRefusalLinger at most.
+  if (!h.messenger->send(protocol::make_error_reply(Status(code, text))).ok()) {
+    h.connection->shutdown();
+    return Outcome::kDone;
+  }
+  std::vector<protocol::Message> ignored;
+  if (!h.messenger->pump(0ms, ignored).ok() || h.messenger->sends_done()) {
+    h.connection->shutdown();
+    return Outcome::kDone;
+  }
+  h.closing = true;
+  h.deadline = std::min(h.deadline, Clock::now() + kRefusalLinger);
+  return Outcome::kContinue;
 }
 
 void Admission::log_summaries() {

@@ -253,7 +253,7 @@ class Admission {
   Outcome advance(Handshake& handshake);
   Outcome on_hello(Handshake& handshake, const protocol::Hello& hello);
   Outcome on_auth(Handshake& handshake, const protocol::AuthResponse& response);
-  void refuse(Handshake& handshake, Errc code, const std::string& text);
+  Outcome refuse(Handshake& handshake, Errc code, const std::string& text);
   void log_summaries();
 
   SessionContext& context_;
