@@ -177,6 +177,22 @@ struct AdmissionCounters {
   uint64_t failed = 0;           // the transport's hello was wrong (not ours, mismatched)
 };
 
+// What the device under a connection offers for remote persistence, asked
+// at run time and never assumed (docs/transport-rdma.md, "Native
+// persistence"): the IBTA's FLUSH and ATOMIC WRITE, and whether they work
+// on on-demand-paging (fs-dax) registrations. tcp and the fake fabric:
+// none. Nothing posts them yet (issue 26); status reports them.
+struct FabricPersistence {
+  bool flush_global = false;      // FLUSH to the point of global visibility
+  bool flush_persistent = false;  // FLUSH to the persistence domain
+  bool atomic_write = false;      // 8-byte ATOMIC WRITE
+  bool odp_flush = false;         // FLUSH on an ODP registration (RC)
+  bool odp_atomic_write = false;  // ATOMIC WRITE on an ODP registration (RC)
+  // This build can post them (built against rdma-core 45 or later: Debian
+  // 12 has 44, whose verbs.h has no ibv_wr_flush).
+  bool verbs_api = false;
+};
+
 class Connection {
  public:
   virtual ~Connection() = default;
@@ -238,6 +254,8 @@ class Connection {
 
   virtual const ConnectionOptions& options() const = 0;
   virtual std::string peer_address() const = 0;  // "host:port", for logs
+  // The device's remote-persistence verbs (above); none by default.
+  virtual FabricPersistence fabric_persistence() const { return {}; }
 };
 
 class Listener {

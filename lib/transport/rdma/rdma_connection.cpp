@@ -209,6 +209,7 @@ Status build_endpoint(Endpoint& endpoint, const ConnectionOptions& o) {
 
   // ODP lets registration work on memory the kernel will not pin (fsdax).
   ep->odp_rc_read_write = device_has_rc_odp(ctx);
+  ep->fabric = device_fabric_persistence(ctx);
 
   ep->pd = Pd(ibv_alloc_pd(ctx));
   if (!ep->pd) return verbs_error(Errc::kIoError, "ibv_alloc_pd", ctx, errno);
@@ -251,8 +252,12 @@ Status build_endpoint(Endpoint& endpoint, const ConnectionOptions& o) {
   }
   ep->qp = Qp(cm);
   ep->max_inline = init.cap.max_inline_data;
-  log::debug("rdma: QP on {} port {}: max_inline {}, max_msg_sz {}, ODP {}", ep->device,
-             cm->port_num, ep->max_inline, ep->max_msg_size, ep->odp_rc_read_write);
+  log::debug(
+      "rdma: QP on {} port {}: max_inline {}, max_msg_sz {}, ODP {}; FLUSH global {} "
+      "persistent {}, ATOMIC WRITE {} (on ODP: FLUSH {}, ATOMIC WRITE {}; verbs here: {})",
+      ep->device, cm->port_num, ep->max_inline, ep->max_msg_size, ep->odp_rc_read_write,
+      ep->fabric.flush_global, ep->fabric.flush_persistent, ep->fabric.atomic_write,
+      ep->fabric.odp_flush, ep->fabric.odp_atomic_write, ep->fabric.verbs_api);
 
   // Every receive is posted before the connection is accepted/established,
   // so the peer's first send never meets an empty receive queue.

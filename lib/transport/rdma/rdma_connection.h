@@ -67,6 +67,7 @@ struct Endpoint {
   uint32_t max_inline = 0;         // what the QP granted
   uint32_t max_msg_size = 0;       // port limit of one RDMA message
   bool odp_rc_read_write = false;  // device can register without pinning (ODP)
+  FabricPersistence fabric;        // the device's FLUSH / ATOMIC WRITE
 
   // ~Endpoint needs the QP gone before the CQ etc.; the member order does it.
 };
@@ -106,6 +107,7 @@ class RdmaConnection final : public Connection {
   void shutdown() override;
   const ConnectionOptions& options() const override { return options_; }
   std::string peer_address() const override { return endpoint_->peer; }
+  FabricPersistence fabric_persistence() const override { return endpoint_->fabric; }
   // No threads to start: only leaves the listener's unauthenticated count.
   Status activate() override;
   void set_poll_mode(PollMode mode) override { spin_.set_mode(mode); }

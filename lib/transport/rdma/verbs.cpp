@@ -77,6 +77,30 @@ bool device_has_rc_odp(ibv_context* context) {
          (rc & IBV_ODP_SUPPORT_WRITE) != 0 && (rc & IBV_ODP_SUPPORT_READ) != 0;
 }
 
+FabricPersistence device_fabric_persistence(ibv_context* context) {
+  // The kernel's uapi values (rdma/ib_user_verbs.h, ib_user_ioctl_verbs.h):
+  // an ABI, so spelled out here for rdma-core 44, whose headers lack them.
+  constexpr uint64_t kDeviceFlushGlobal = uint64_t{1} << 38;
+  constexpr uint64_t kDeviceFlushPersistent = uint64_t{1} << 39;
+  constexpr uint64_t kDeviceAtomicWrite = uint64_t{1} << 40;
+  constexpr uint32_t kOdpSupportFlush = 1u << 6;
+  constexpr uint32_t kOdpSupportAtomicWrite = 1u << 7;
+  FabricPersistence out;
+#ifdef PMIRROR_HAVE_IBV_WR_FLUSH
+  out.verbs_api = true;
+#endif
+  ibv_device_attr_ex attr{};
+  if (ibv_query_device_ex(context, nullptr, &attr) != 0) return out;
+  out.flush_global = (attr.device_cap_flags_ex & kDeviceFlushGlobal) != 0;
+  out.flush_persistent = (attr.device_cap_flags_ex & kDeviceFlushPersistent) != 0;
+  out.atomic_write = (attr.device_cap_flags_ex & kDeviceAtomicWrite) != 0;
+  const uint32_t rc = attr.odp_caps.per_transport_caps.rc_odp_caps;
+  const bool odp = (attr.odp_caps.general_caps & IBV_ODP_SUPPORT) != 0;
+  out.odp_flush = odp && (rc & kOdpSupportFlush) != 0;
+  out.odp_atomic_write = odp && (rc & kOdpSupportAtomicWrite) != 0;
+  return out;
+}
+
 Result<Mr> register_memory_region(ibv_pd* pd, ibv_context* context, bool odp, void* addr,
                                   size_t len, int flags, bool file_backed,
                                   const std::string& what) {

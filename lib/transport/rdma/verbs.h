@@ -17,6 +17,7 @@
 
 #include "common/status.h"
 #include "common/unique_fd.h"
+#include "transport/transport.h"
 
 namespace pmirror::transport::rdma {
 
@@ -136,6 +137,12 @@ Status verbs_error(Errc code, std::string_view call, const ibv_context* context,
 // Whether the device can register RC memory for remote read and write
 // without pinning it (on-demand paging): what fsdax mappings need.
 bool device_has_rc_odp(ibv_context* context);
+
+// The device's FLUSH / ATOMIC WRITE capabilities (ibv_query_device_ex:
+// device_cap_flags_ex bits 38-40, the RC ODP caps' FLUSH and ATOMIC_WRITE
+// bits), whatever the rdma-core this is built against names; all false
+// when the query fails or an older kernel does not know them.
+FabricPersistence device_fabric_persistence(ibv_context* context);
 
 // ibv_reg_mr of [addr, +len) on `pd`. Where the kernel refuses to pin the
 // pages (fsdax: EOPNOTSUPP, or EINVAL from some drivers on file mappings)

@@ -133,6 +133,35 @@ TEST_F(RdmaTransport, RefusesToPersistEachWrite) {
       << rmr.status().message();
 }
 
+// What the device says about FLUSH and ATOMIC WRITE, on both ends of a
+// connection: in the lab, what the guest's kernel is known to have
+// (PMIRROR_LAB_KERNEL, scripts/lab/common.sh): 6.1's rxe nothing, 6.12's
+// FLUSH (global and persistent) and ATOMIC WRITE, neither on ODP (rxe has
+// ODP from 7.x). On other hosts nobody knows what to expect: skipped.
+TEST_F(RdmaTransport, ReportsTheDevicesPersistenceVerbs) {
+  if (std::getenv("PMIRROR_LAB_GUEST") == nullptr)
+    GTEST_SKIP() << "what the device should report is known only in the lab guest";
+  const std::string kernel = env_or("PMIRROR_LAB_KERNEL", "6.1");
+  auto p = make_pair();
+  ASSERT_TRUE(p.active && p.passive);
+  for (const Connection* c : {p.active.get(), p.passive.get()}) {
+    const FabricPersistence f = c->fabric_persistence();
+    if (kernel == "6.1") {
+      EXPECT_FALSE(f.flush_global);
+      EXPECT_FALSE(f.flush_persistent);
+      EXPECT_FALSE(f.atomic_write);
+    } else if (kernel == "6.12") {
+      EXPECT_TRUE(f.flush_global);
+      EXPECT_TRUE(f.flush_persistent);
+      EXPECT_TRUE(f.atomic_write);
+    } else {
+      ADD_FAILURE() << "PMIRROR_LAB_KERNEL=" << kernel << ": no expectation for this kernel";
+    }
+    EXPECT_FALSE(f.odp_flush);
+    EXPECT_FALSE(f.odp_atomic_write);
+  }
+}
+
 TEST_F(RdmaTransport, SendRecvWithSlotReuseBeyondSlotCount) {
   ConnectionOptions opt;
   opt.recv_slots = 4;
