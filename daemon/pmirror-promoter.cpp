@@ -107,7 +107,9 @@ int main(int argc, char** argv) {
   auto* p = promoter->get();
   auto server = pmirror::control::Server::start(
       status_socket, [p](const nlohmann::json& request) -> pmirror::Result<nlohmann::json> {
-        if (request.value("command", "") == "status") return p->status();
+        if (request.is_object() && request.value("command", nlohmann::json()) == "status") {
+          return p->status();
+        }
         return pmirror::control::unknown_command(request);
       });
   if (!server.ok()) {

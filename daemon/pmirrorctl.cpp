@@ -423,7 +423,13 @@ struct ResyncCounters {
 };
 ResyncCounters resync_counters(const json& peer) {
   if (!peer.is_object()) return {};
-  return {peer.value("resyncs", uint64_t{0}), peer.value("resynced_bytes", uint64_t{0})};
+  // A member that is not an unsigned number counts as 0 (json's value()
+  // would throw on another type).
+  auto count = [&](const char* key) {
+    const json field = peer.value(key, json());
+    return field.is_number_unsigned() ? field.get<uint64_t>() : uint64_t{0};
+  };
+  return {count("resyncs"), count("resynced_bytes")};
 }
 ResyncCounters resync_counters(const Global& global, const std::string& path,
                                const std::string& volume, const std::string& peer) {

@@ -229,8 +229,13 @@ Result<json> parse_reply(const std::string& line, const std::string& path) {
   }
   if (reply["ok"].get<bool>()) return reply.value("result", json());
   const json& error = reply.contains("error") ? reply["error"] : json::object();
-  std::string code = error.is_object() ? error.value("code", "") : "";
-  std::string message = error.is_object() ? error.value("message", "") : "";
+  // A member of another type is no answer (json's value() would throw).
+  auto text = [&](const char* key) {
+    const json field = error.is_object() ? error.value(key, json()) : json();
+    return field.is_string() ? field.get<std::string>() : std::string();
+  };
+  std::string code = text("code");
+  std::string message = text("message");
   if (message.empty()) message = "request failed";
   return Result<json>(errc_from_name(code), message);
 }
@@ -333,7 +338,7 @@ nlohmann::json LocalPrimaries::add_to(nlohmann::json status, std::chrono::millis
     auto theirs = answer->find("volumes");
     if (theirs == answer->end() || !theirs->is_array()) continue;
     for (nlohmann::json& volume : *theirs) {
-      if (volume.is_object() && volume.value("role", "") == "primary") {
+      if (volume.is_object() && volume.value("role", json()) == "primary") {
         volumes.push_back(std::move(volume));
       }
     }

@@ -36,6 +36,21 @@ std::string terminal_safe(const std::string& text) {
   return out;
 }
 
+const json& member(const json& object, const char* key) {
+  static const json kNull;
+  if (!object.is_object()) return kNull;
+  auto it = object.find(key);
+  return it == object.end() ? kNull : *it;
+}
+
+// A boolean member; anything else (absent, another type, not an object) is
+// no answer: what a peer sends never throws here.
+std::optional<bool> flag(const json& object, const char* key) {
+  const json& value = member(object, key);
+  if (!value.is_boolean()) return std::nullopt;
+  return value.get<bool>();
+}
+
 std::string str(const json& object, const char* key) {
   if (!object.is_object()) return {};
   auto it = object.find(key);
@@ -144,7 +159,7 @@ std::string peer_line(const json& peer, const HumanFormat& format) {
   std::string state = str(peer, "state");
   std::string line = "  " + name;
   append_field(line, "connection", state.empty() ? "unknown" : state);
-  if (peer.is_object() && peer.value("by_operator", false)) line += " (by operator)";
+  if (flag(peer, "by_operator").value_or(false)) line += " (by operator)";
   if (auto since = parse_rfc3339(str(peer, "since"))) {
     line += " since " + clock_time(*since, format);
     std::string how_long = ago(*since, format.now);
@@ -175,13 +190,6 @@ std::string peer_line(const json& peer, const HumanFormat& format) {
   return line;
 }
 
-const json& member(const json& object, const char* key) {
-  static const json kNull;
-  if (!object.is_object()) return kNull;
-  auto it = object.find(key);
-  return it == object.end() ? kNull : *it;
-}
-
 // "  app1 session ended 12:01:07 (3m ago) address:10.0.0.1:40412 persists:120 (closed: goodbye)"
 std::string ended_session_line(const json& peer, const HumanFormat& format) {
   std::string line = "  " + str(peer, "name") + " session ended";
@@ -194,12 +202,6 @@ std::string ended_session_line(const json& peer, const HumanFormat& format) {
   std::string why = str(peer, "state");
   if (std::string reason = str(peer, "reason"); !reason.empty()) why += ": " + reason;
   return line + " (" + why + ")";
-}
-
-std::optional<bool> flag(const json& object, const char* key) {
-  const json& value = member(object, key);
-  if (!value.is_boolean()) return std::nullopt;
-  return value.get<bool>();
 }
 
 std::string volume_line(const json& volume, const json& process) {
@@ -467,7 +469,7 @@ std::string format_status_human(const nlohmann::json& merged,
         out += peer_line(peer, format) + "\n";
         out += peer_details(peer, v);
       }
-    } else if (v.value("local_only", false)) {
+    } else if (flag(v, "local_only").value_or(false)) {
       out += "  (no replicas: a persist is durable on this copy only; nothing is mirrored)\n";
     } else {
       out += "  (no peers)\n";
@@ -486,7 +488,7 @@ std::string format_event_human(const nlohmann::json& event, const HumanFormat& f
   std::string volume = str(event, "volume"), peer = str(event, "peer");
   if (!volume.empty()) out += " " + volume;
   if (!peer.empty()) out += " " + peer;
-  if (event.value("exists", false)) {
+  if (flag(event, "exists").value_or(false)) {
     out += ": exists";
     if (std::string role = str(event, "role"); !role.empty()) out += " role:" + role;
     if (std::string state = str(event, "state"); !state.empty()) out += " " + state;
