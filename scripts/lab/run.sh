@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# pmirror lab: boot ONE QEMU guest (Debian 6.1 kernel, or 6.12 with PMIRROR_LAB_KERNEL=6.12; TCG) and run a command in it.
+# pmirror lab: boot ONE QEMU guest (TCG; Debian 6.1, or 6.12 with PMIRROR_LAB_KERNEL=6.12)
+# and run a command in it.
 #
 #   scripts/lab/run.sh [options] -- COMMAND [ARGS...]
 #   scripts/lab/run.sh [options] -- 'shell string'      (one argument: run with bash -c,
