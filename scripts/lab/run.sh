@@ -45,7 +45,7 @@ self=192.168.77.1 peer=192.168.77.1 loss="" link_mode="" link_sock=""
 pmem_size=${PMIRROR_LAB_PMEM_SIZE:-512M}
 envs=() rws=()
 
-usage() { sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; }
 need() { [[ $# -ge 2 && -n $2 ]] || lab_die "option $1 needs a value"; }
 while (($#)); do
   case $1 in
