@@ -21,6 +21,8 @@ packages=(
   jq resource-agents libxml2-utils
   systemd
   procps iproute2 python3
+  # a test that finds a hang prints the hung process's stacks (tests/pmdk/lib.sh)
+  gdb
   # scripts/fuzz.sh: clang with libFuzzer and the sanitizer runtimes
   clang libclang-rt-dev
   # man pages, and the Debian packages (scripts/package-test.sh)

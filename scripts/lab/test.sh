@@ -4,8 +4,9 @@
 #     data-path integration tests over rdma (devdax + file targets, fsdax
 #     start-up check);
 #  1b. one guest on the newer kernel (PMIRROR_LAB_KERNEL=6.12, whose rxe
-#     has FLUSH and ATOMIC WRITE): the rdma transport tests, the device's
-#     capabilities, and the data-path tests (scripts/lab/tests/guest-next-kernel.sh);
+#     has FLUSH and ATOMIC WRITE): the rdma transport tests and the device's
+#     capabilities; with PMIRROR_EXTENDED=1 the data-path tests too
+#     (scripts/lab/tests/guest-next-kernel.sh);
 #  2. (PMIRROR_EXTENDED=1 only: scripts/test-extended.sh) two guests joined
 #     by a link with packet loss: a mirrored stream across nodes, compared
 #     by SHA-256; and one guest where pmirror-run is killed under load over
@@ -28,10 +29,14 @@ echo "== lab: one guest (rxe0 + NVDIMMs): rdma transport and data path"
 "$repo/scripts/lab/run.sh" --nvdimm --timeout 1500 -- \
   "$repo/scripts/lab/tests/guest-data-path.sh" "$build"
 
-echo "== lab: one guest on kernel 6.12 (rxe0 with FLUSH and ATOMIC WRITE): rdma transport and data path"
+next_kernel_what="rdma transport" next_kernel_args=()
+if [[ ${PMIRROR_EXTENDED:-0} == 1 ]]; then
+  next_kernel_what="rdma transport and data path" next_kernel_args=(--data-path)
+fi
+echo "== lab: one guest on kernel 6.12 (rxe0 with FLUSH and ATOMIC WRITE): $next_kernel_what"
 PMIRROR_LAB_KERNEL=6.12 "$repo/scripts/lab/setup.sh"
 PMIRROR_LAB_KERNEL=6.12 "$repo/scripts/lab/run.sh" --nvdimm --timeout 1500 -- \
-  "$repo/scripts/lab/tests/guest-next-kernel.sh" "$build"
+  "$repo/scripts/lab/tests/guest-next-kernel.sh" "$build" "${next_kernel_args[@]}"
 
 # The packet-loss run does not fit CI's 60 minutes any more
 # (docs/testing.md): scripts/test-extended.sh runs it (PMIRROR_EXTENDED=1).

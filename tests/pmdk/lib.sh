@@ -14,6 +14,7 @@
 #   pmdk_replica_image WORK NODE, pmdk_replica_socket WORK NODE, pmdk_replica_log WORK NODE
 #   pmdk_check_image PROGRAM IMAGE LOG       a copy of IMAGE passes pmempool check and PROGRAM's checker
 #   pmdk_durability MODE                     sets pmdk_run_options (pmirror-run --durability MODE)
+#   pmdk_wait_bounded PID SECONDS WHAT       wait for a child; a hang is a failure with stacks
 #   fail MESSAGE                             counts in failures
 
 failures=0
@@ -82,6 +83,39 @@ YAML
 
 daemon_pid=
 declare -A pmdk_daemon_pids=()
+# Waits for the child PID (its exit status is this function's) for at most
+# SECONDS. A process still there then is a hang, not a slow machine: what
+# each of its threads waits on (kernel and, with gdb, user stacks) goes to
+# stderr, it is killed, and the status is 124 -- so that a hang costs one
+# failed test with its diagnosis, not the lab's whole timeout.
+pmdk_wait_bounded() {
+  local pid=$1 seconds=$2 what=$3 state="" i task
+  for ((i = 0; i < seconds * 10; i++)); do
+    state=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)
+    [[ -z $state || $state == Z ]] && break
+    sleep 0.1
+  done
+  if [[ -n $state && $state != Z ]]; then
+    {
+      echo "HANG: $what (pid $pid) still there after $seconds s (state $state):"
+      for task in /proc/"$pid"/task/*; do
+        echo "-- thread ${task##*/} ($(cat "$task/comm" 2>/dev/null)):" \
+          "state $(sed 's/.*) //' "$task/stat" 2>/dev/null | cut -d' ' -f1)," \
+          "waits in $(cat "$task/wchan" 2>/dev/null)"
+        cat "$task/stack" 2>/dev/null
+      done
+      if command -v gdb >/dev/null; then
+        timeout 60 gdb -batch -nx -p "$pid" -ex 'thread apply all bt' 2>&1 |
+          grep -vE '^\[(New|Thread debugging)|^warning:' | head -300
+      fi
+    } >&2
+    kill -9 "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    return 124
+  fi
+  wait "$pid"
+}
+
 pmdk_start_daemon() {
   local pmirrord=$1 work=$2 node=${3:-store} socket log
   socket=$(pmdk_replica_socket "$work" "$node")

@@ -194,8 +194,10 @@ rc=$?
 echo "== the replica dies mid-stream (on_insufficient: fail): the program stops, nothing it saw durable is lost"
 pmdk_start_daemon "$pmirrord" "$work" || exit 1
 stream_under_pmirror_run "$work/run3.out" "$work/run3.err"
-kill -9 "$daemon_pid"; wait "$daemon_pid" 2>/dev/null; daemon_pid=
-wait "$program"
+kill -9 "$daemon_pid"
+pmdk_wait_bounded "$daemon_pid" 60 "pmirrord, after kill -9"
+daemon_pid=
+pmdk_wait_bounded "$program" 180 "the program, after its replica died"
 rc=$?
 # abort(3): killed by SIGABRT (128 + 6), with the reason on stderr.
 [[ $rc -eq 134 ]] || fail "the program went on without its replica: exit $rc"
