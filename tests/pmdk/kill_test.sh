@@ -123,8 +123,11 @@ check_replicas() {
       continue
     fi
     if ! out=$(pmdk_check_image "$program" "$(pmdk_replica_image "$work" "$node")" "$work/log"); then
-      fail "$round: $node: $out"
-      continue
+      if ! out=$(like_the_primary "$(pmdk_replica_image "$work" "$node")" "$out"); then
+        fail "$round: $node: $out"
+        continue
+      fi
+      as_the_primary=$((as_the_primary + 1))
     fi
     last=$(awk '{print $2}' <<<"$out")
     if [[ $expect == exact ]] && ((last != logged_k)); then
@@ -135,6 +138,47 @@ check_replicas() {
     fi
     echo "  $node: $out"
   done
+}
+
+# What `pmempool check -v` finds wrong with a copy of IMAGE, numbers
+# left out (one complaint a line; empty: consistent).
+pmempool_complaints() {
+  local copy=$1.complaints
+  cp --sparse=always "$1" "$copy"
+  pmempool check -v "$copy" 2>&1 | grep -E 'invalid|unmapped|not consistent' |
+    sed -e "s|$copy||" -e 's/[0-9]\+/N/g' | sort -u
+  rm -f "$copy"
+}
+
+# A replica's copy that `pmempool check` finds not consistent passes when
+# the primary's own copy, as the kill left it, draws the same complaints
+# and the program's checker finds every logged transaction there. Found
+# with libpmemblk: killed in its first few writes to a lane (a pool a few
+# ms old), a program not under pmirror leaves a flog entry that pmempool
+# calls invalid and a block it calls unmapped, which libpmemblk's own open
+# accepts (11 of 40 plain runs of examples/03's pmemblk-records killed 0-5
+# ms after their first write; docs/pmdk.md, "Crash tests"). A replica can
+# hold no better than the primary did. $1: the image, $2: what
+# pmdk_check_image said; prints the checker's line with the reason, or $2.
+like_the_primary() {
+  local image=$1 said=$2 mine copy=$1.like out
+  if [[ -z $primary_complaints || $said != "pmempool check:"* ]]; then
+    echo "$said"
+    return 1
+  fi
+  mine=$(pmempool_complaints "$image")
+  if [[ $mine != "$primary_complaints" ]]; then
+    echo "$said (the primary's own copy: $(tr '\n' ' ' <<<"$primary_complaints"))"
+    return 1
+  fi
+  cp --sparse=always "$image" "$copy"
+  if ! out=$("$program" check "$copy" "$work/log" 2>&1); then
+    rm -f "$copy"
+    echo "$said; and the checker: $out" | tr '\n' ' '
+    return 1
+  fi
+  rm -f "$copy"
+  echo "$out; pmempool check: not consistent, as the primary's own copy at the kill"
 }
 
 # Waits until this run logs its first transaction (or ends); $1: the
@@ -158,6 +202,8 @@ primary_holds() {
 
 started=$SECONDS
 resumed=0
+primary_complaints=""
+as_the_primary=0
 for round in $(seq "$kills"); do
   mode=${modes[(round - 1) % ${#modes[@]}]}
   pmdk_durability "$mode"
@@ -204,6 +250,7 @@ for round in $(seq "$kills"); do
   after=$(logged)
   echo "round $round${mode:+ ($mode)}: killed $moment ($(($(now_ms) - t0)) ms after the start)," \
     "last logged $after ($((after - before)) this run)"
+  primary_complaints=$(pmempool_complaints "$work/pool")
   check_replicas "round $round"
 done
 
@@ -215,8 +262,10 @@ start_program 20
 wait "$program_pid" || { cat "$work/run.out"; fail "the last run (20 transactions) failed"; }
 program_pid=
 echo "last run${mode:+ ($mode)}: logged $before to $(logged)"
+primary_complaints=""  # a program that ended by itself leaves a consistent pool
 check_replicas "the last run" exact
-echo "$kills kills in $((SECONDS - started)) s; $skipped replica check(s) skipped (inconsistent: a resync under way)"
+echo "$kills kills in $((SECONDS - started)) s; $skipped replica check(s) skipped (inconsistent: a resync under way);" \
+  "$as_the_primary passed with the same pmempool complaints as the primary's own copy"
 
 if ((failures)); then
   for node in "${pmdk_replicas[@]}"; do
