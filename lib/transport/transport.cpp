@@ -16,6 +16,10 @@ std::string_view opcode_name(Opcode op) {
       return "send";
     case Opcode::kRecv:
       return "recv";
+    case Opcode::kFlush:
+      return "flush";
+    case Opcode::kAtomicWrite:
+      return "atomic write";
   }
   return "unknown";
 }
@@ -24,6 +28,10 @@ std::string_view opcode_name(Opcode op) {
 Result<size_t> Connection::post_list(std::span<const WorkRequest> requests) {
   size_t posted = 0;
   for (const WorkRequest& request : requests) {
+    if (request.opcode == Opcode::kFlush || request.opcode == Opcode::kAtomicWrite)
+      return Status(Errc::kUnsupported, "post_list: " + std::string(opcode_name(request.opcode)) +
+                                            " is not offered by this transport (the fabric's "
+                                            "persistence verbs: rdma where the device has them)");
     if (request.opcode != Opcode::kSend && request.local == nullptr)
       return Status(Errc::kInvalidArgument,
                     "post_list: a one-sided request without a local region");
@@ -44,6 +52,9 @@ Result<size_t> Connection::post_list(std::span<const WorkRequest> requests) {
         status =
             Status(Errc::kInvalidArgument, "post_list: a receive is not posted, it is reposted");
         break;
+      case Opcode::kFlush:
+      case Opcode::kAtomicWrite:
+        break;  // refused above
     }
     if (status.code() == Errc::kResourceExhausted) return posted;
     PMIRROR_RETURN_IF_ERROR(status);

@@ -26,6 +26,10 @@
 //    its completion means those Writes were placed at the peer.
 //  * Everything is asynchronous: post_* queue work and return; poll()
 //    reports completions, in posting order for each kind of queue.
+//  * Where the fabric has them (rdma on a device with the IBTA's remote
+//    persistence verbs), post_list also takes FLUSH and ATOMIC WRITE
+//    (WorkRequest::flush / atomic_write); every transport says whether a
+//    connection can in fabric_persistence() and refuses them otherwise.
 //
 // Dormant connections. A Connection that Listener::accept returns is
 // DORMANT until activate(): the peer has completed the transport's own
@@ -79,6 +83,14 @@ enum Access : uint32_t {
   // is durability order. A Write whose persist fails fails, and the
   // connection breaks. Other transports refuse the bit (kUnsupported).
   kPersistEachWrite = 1u << 2,
+  // The peer may FLUSH it to the persistence domain (rdma:
+  // IBV_ACCESS_FLUSH_PERSISTENT; a device refuses it on memory that is not
+  // pmem). Only where the connection's FabricPersistence says
+  // `can_post_flush`; kUnsupported otherwise.
+  kRemoteFlush = 1u << 3,
+  // The peer may ATOMIC WRITE 8-byte words into it (rdma:
+  // IBV_ACCESS_REMOTE_ATOMIC). Only where `can_post_atomic_write`.
+  kRemoteAtomicWrite = 1u << 4,
 };
 
 // Makes [addr, addr+len) durable; not ok when it could not (a write-back
@@ -107,7 +119,10 @@ class MemoryRegion {
   virtual RemoteKey remote_key() const = 0;
 };
 
-enum class Opcode : uint8_t { kWrite, kRead, kSend, kRecv };
+// kFlush and kAtomicWrite: the IBTA's remote persistence verbs, posted only
+// through post_list (WorkRequest::flush / atomic_write) and only where the
+// connection's FabricPersistence says it can; kUnsupported elsewhere.
+enum class Opcode : uint8_t { kWrite, kRead, kSend, kRecv, kFlush, kAtomicWrite };
 std::string_view opcode_name(Opcode op);
 
 struct Completion {
@@ -120,17 +135,23 @@ struct Completion {
 // One operation of a post_list (the fields its opcode uses; the others are
 // ignored).
 struct WorkRequest {
-  Opcode opcode = Opcode::kWrite;  // kWrite, kRead or kSend
+  Opcode opcode = Opcode::kWrite;  // kWrite, kRead, kSend, kFlush or kAtomicWrite
   uint64_t wr_id = 0;
   // kWrite/kRead: the local side, as post_write/post_read take it.
   const MemoryRegion* local = nullptr;
   size_t local_offset = 0;
-  size_t length = 0;
+  size_t length = 0;  // kFlush: the bytes of `remote` from remote_offset to flush
   RemoteKey remote{};
   uint64_t remote_offset = 0;
-  bool signaled = true;  // kWrite only: Reads and Sends always complete
+  bool signaled = true;  // kWrite only: the others always complete
   // kSend: the message, copied before post_list returns.
   std::span<const std::byte> message{};
+  // kAtomicWrite: the 8-byte word written, at an 8-byte aligned address.
+  uint64_t value = 0;
+  // Not started before every operation posted before it has completed
+  // (IBV_SEND_FENCE): an ATOMIC WRITE after a FLUSH is then never placed
+  // before the bytes that FLUSH made persistent, whatever the responder does.
+  bool fence = false;
 
   static WorkRequest write(const MemoryRegion& local, size_t local_offset, size_t len,
                            const RemoteKey& remote, uint64_t remote_offset, uint64_t wr_id,
@@ -143,6 +164,18 @@ struct WorkRequest {
   }
   static WorkRequest send(std::span<const std::byte> message, uint64_t wr_id) {
     return {Opcode::kSend, wr_id, nullptr, 0, message.size(), {}, 0, true, message};
+  }
+  // FLUSH(persistent, range): completes once the peer's bytes [remote +
+  // remote_offset, +len) -- every Write before it that placed them -- are
+  // in its persistence domain.
+  static WorkRequest flush(const RemoteKey& remote, uint64_t remote_offset, size_t len,
+                           uint64_t wr_id) {
+    return {Opcode::kFlush, wr_id, nullptr, 0, len, remote, remote_offset, true, {}};
+  }
+  static WorkRequest atomic_write(const RemoteKey& remote, uint64_t remote_offset,
+                                  uint64_t value, uint64_t wr_id, bool fence) {
+    return {Opcode::kAtomicWrite, wr_id, nullptr, 0,     sizeof value, remote,
+            remote_offset,        true,  {},      value, fence};
   }
 };
 
@@ -181,7 +214,8 @@ struct AdmissionCounters {
 // at run time and never assumed (docs/transport-rdma.md, "Native
 // persistence"): the IBTA's FLUSH and ATOMIC WRITE, and whether they work
 // on on-demand-paging (fs-dax) registrations. tcp and the fake fabric:
-// none. Nothing posts them yet (issue 26); status reports them.
+// none. post_list posts kFlush / kAtomicWrite where `can_post_*` says so
+// (issue 26); status reports them.
 struct FabricPersistence {
   bool flush_global = false;      // FLUSH to the point of global visibility
   bool flush_persistent = false;  // FLUSH to the persistence domain
@@ -191,6 +225,12 @@ struct FabricPersistence {
   // This build can post them (built against rdma-core 45 or later: Debian
   // 12 has 44, whose verbs.h has no ibv_wr_flush).
   bool verbs_api = false;
+  // This connection can post them: the build can, the device offers them,
+  // and its queue pair was made for them (and, for FLUSH, the peer's QP
+  // lets it in: both sides enable FLUSH on their QPs when their devices
+  // have it).
+  bool can_post_flush = false;         // FLUSH(persistent, range)
+  bool can_post_atomic_write = false;  // ATOMIC WRITE
 };
 
 class Connection {

@@ -515,6 +515,8 @@ struct Hub {
         break;
       }
       case Opcode::kRecv:
+      case Opcode::kFlush:        // never queued: post_list refuses them
+      case Opcode::kAtomicWrite:  // (Connection::post_list)
         break;
     }
     if (e.fail_skip) --*e.fail_skip;
@@ -673,6 +675,10 @@ class FakeConnection final : public Connection {
       return Status(Errc::kInvalidArgument, "register_memory: empty region (addr " +
                                                 hex(reinterpret_cast<uint64_t>(addr)) +
                                                 ", length " + std::to_string(len) + ")");
+    if ((access & (kRemoteFlush | kRemoteAtomicWrite)) != 0)
+      return Status(Errc::kUnsupported,
+                    "register_memory: FLUSH and ATOMIC WRITE are the fabric's verbs (rdma where "
+                    "the device has them); this transport has neither");
     if ((access & ~uint32_t{kRemoteWrite | kRemoteRead | kPersistEachWrite}) != 0)
       return Status(Errc::kInvalidArgument, "register_memory: unknown access bits " + hex(access));
     if ((access & kPersistEachWrite) != 0 && ((access & kRemoteWrite) == 0 || !persist))

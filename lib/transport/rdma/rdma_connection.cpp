@@ -37,6 +37,10 @@ std::string_view op_word(Opcode op) {
       return "send";
     case Opcode::kRecv:
       return "receive";
+    case Opcode::kFlush:
+      return "FLUSH";
+    case Opcode::kAtomicWrite:
+      return "ATOMIC WRITE";
   }
   return "operation";
 }
@@ -178,6 +182,60 @@ Result<WireParams> WireParams::decode(const void* data, size_t len) {
 
 // ---- Endpoint ---------------------------------------------------------------
 
+namespace {
+
+// rdma_create_qp, retried without inline data (some devices cap it below
+// what we ask; inline is optional). Where the device offers FLUSH or ATOMIC
+// WRITE and this build can post them, the QP is made for the ibv_wr_* API
+// with those operations (rdma_create_qp_ex, send_ops_flags); a device that
+// refuses that gets the plain QP, and the connection says it cannot post
+// them.
+Status create_qp(Endpoint& ep, ibv_qp_init_attr& init) {
+  rdma_cm_id* cm = ep.id.get();
+#ifdef PMIRROR_HAVE_IBV_WR_FLUSH
+  uint64_t native = 0;
+  if (ep.fabric.flush_persistent) native |= IBV_QP_EX_WITH_FLUSH;
+  if (ep.fabric.atomic_write) native |= IBV_QP_EX_WITH_ATOMIC_WRITE;
+  if (native != 0) {
+    for (uint32_t inline_bytes : {init.cap.max_inline_data, 0u}) {
+      ibv_qp_init_attr_ex ex{};
+      ex.send_cq = init.send_cq;
+      ex.recv_cq = init.recv_cq;
+      ex.qp_type = init.qp_type;
+      ex.sq_sig_all = init.sq_sig_all;
+      ex.cap = init.cap;
+      ex.cap.max_inline_data = inline_bytes;
+      ex.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+      ex.pd = ep.pd.get();
+      ex.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_READ |
+                          IBV_QP_EX_WITH_SEND | native;
+      if (rdma_create_qp_ex(cm, &ex) != 0) continue;
+      ep.qpx = ibv_qp_to_qp_ex(cm->qp);
+      if (ep.qpx == nullptr) {  // a provider without the API after all
+        rdma_destroy_qp(cm);
+        break;
+      }
+      ep.max_inline = ex.cap.max_inline_data;
+      ep.fabric.can_post_flush = ep.fabric.flush_persistent;
+      ep.fabric.can_post_atomic_write = ep.fabric.atomic_write;
+      return Status::Ok();
+    }
+    log::debug("rdma: {} offers FLUSH / ATOMIC WRITE but made no QP for them ({}); "
+               "a plain QP instead",
+               ep.device, std::strerror(errno));
+  }
+#endif
+  if (rdma_create_qp(cm, ep.pd.get(), &init) != 0) {
+    init.cap.max_inline_data = 0;
+    if (rdma_create_qp(cm, ep.pd.get(), &init) != 0)
+      return verbs_error(Errc::kIoError, "rdma_create_qp", cm->verbs, errno);
+  }
+  ep.max_inline = init.cap.max_inline_data;
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status build_endpoint(Endpoint& endpoint, const ConnectionOptions& o) {
   Endpoint* ep = &endpoint;
   rdma_cm_id* cm = ep->id.get();
@@ -244,20 +302,16 @@ Status build_endpoint(Endpoint& endpoint, const ConnectionOptions& o) {
   init.cap.max_send_sge = 1;
   init.cap.max_recv_sge = 1;
   init.cap.max_inline_data = kWantedInline;
-  if (rdma_create_qp(cm, ep->pd.get(), &init) != 0) {
-    // Some devices cap inline data below what we asked; inline is optional.
-    init.cap.max_inline_data = 0;
-    if (rdma_create_qp(cm, ep->pd.get(), &init) != 0)
-      return verbs_error(Errc::kIoError, "rdma_create_qp", ctx, errno);
-  }
+  PMIRROR_RETURN_IF_ERROR(create_qp(*ep, init));
   ep->qp = Qp(cm);
-  ep->max_inline = init.cap.max_inline_data;
   log::debug(
       "rdma: QP on {} port {}: max_inline {}, max_msg_sz {}, ODP {}; FLUSH global {} "
-      "persistent {}, ATOMIC WRITE {} (on ODP: FLUSH {}, ATOMIC WRITE {}; verbs here: {})",
+      "persistent {}, ATOMIC WRITE {} (on ODP: FLUSH {}, ATOMIC WRITE {}; verbs here: {}; "
+      "this QP posts FLUSH {}, ATOMIC WRITE {})",
       ep->device, cm->port_num, ep->max_inline, ep->max_msg_size, ep->odp_rc_read_write,
       ep->fabric.flush_global, ep->fabric.flush_persistent, ep->fabric.atomic_write,
-      ep->fabric.odp_flush, ep->fabric.odp_atomic_write, ep->fabric.verbs_api);
+      ep->fabric.odp_flush, ep->fabric.odp_atomic_write, ep->fabric.verbs_api,
+      ep->fabric.can_post_flush, ep->fabric.can_post_atomic_write);
 
   // Every receive is posted before the connection is accepted/established,
   // so the peer's first send never meets an empty receive queue.
@@ -335,11 +389,13 @@ Result<std::unique_ptr<MemoryRegion>> RdmaConnection::register_memory(void* addr
     return Status(Errc::kUnsupported,
                   "register_memory: rdma cannot persist each Write (the NIC places data without "
                   "the CPU)");
-  if ((access & ~uint32_t{kRemoteWrite | kRemoteRead}) != 0)
-    return Status(Errc::kInvalidArgument, "register_memory: unknown access bits");
-  int flags = IBV_ACCESS_LOCAL_WRITE;  // also the destination of our reads
-  if ((access & kRemoteWrite) != 0) flags |= IBV_ACCESS_REMOTE_WRITE;
-  if ((access & kRemoteRead) != 0) flags |= IBV_ACCESS_REMOTE_READ;
+  PMIRROR_ASSIGN_OR_RETURN(const int flags, access_flags(access));
+  if ((access & kRemoteFlush) != 0 && !endpoint_->fabric.flush_persistent)
+    return Status(Errc::kUnsupported, "register_memory: " + endpoint_->device +
+                                          " offers no FLUSH to persistence");
+  if ((access & kRemoteAtomicWrite) != 0 && !endpoint_->fabric.atomic_write)
+    return Status(Errc::kUnsupported,
+                  "register_memory: " + endpoint_->device + " offers no ATOMIC WRITE");
 
   const Endpoint& ep = *endpoint_;
   const std::string path = mapping_path(addr);
@@ -397,6 +453,29 @@ Result<size_t> RdmaConnection::check_request(const WorkRequest& request) const {
   }
   if (request.opcode == Opcode::kRecv)
     return Status(Errc::kInvalidArgument, "a receive is not posted, it is reposted");
+  if (request.opcode == Opcode::kFlush || request.opcode == Opcode::kAtomicWrite) {
+    const FabricPersistence& fabric = endpoint_->fabric;
+    const bool flush = request.opcode == Opcode::kFlush;
+    if (!(flush ? fabric.can_post_flush : fabric.can_post_atomic_write)) {
+      const bool device_has = flush ? fabric.flush_persistent : fabric.atomic_write;
+      return Status(Errc::kUnsupported,
+                    std::string(what) + ": " +
+                        (!device_has ? endpoint_->device + " does not offer it"
+                         : !fabric.verbs_api
+                             ? "this build of pmirror (against rdma-core < 45) cannot post it"
+                             : "the queue pair could not be made for it"));
+    }
+    if (flush) {
+      if (request.length == 0)
+        return Status(Errc::kInvalidArgument, std::string(what) + " of no bytes");
+      const uint64_t piece_max = endpoint_->max_msg_size;
+      return static_cast<size_t>((request.length + piece_max - 1) / piece_max);
+    }
+    if ((request.remote.address + request.remote_offset) % sizeof(uint64_t) != 0)
+      return Status(Errc::kInvalidArgument,
+                    std::string(what) + ": the remote address is not 8-byte aligned");
+    return size_t{1};
+  }
   const auto* region =
       request.local == nullptr ? nullptr : dynamic_cast<const RdmaMemoryRegion*>(request.local);
   if (region == nullptr)
@@ -455,10 +534,38 @@ Status RdmaConnection::post_requests(std::span<const WorkRequest> requests) {
   // are sized first so that the WRs' pointers into them stay valid.
   sge_scratch_.resize(total);
   wr_scratch_.resize(total);
+  wr_extra_scratch_.resize(total);
   const uint64_t piece_max = endpoint_->max_msg_size;
   uint32_t run = unsignaled_run_;
   size_t n = 0;
+  bool extended = false;
   for (const WorkRequest& request : requests) {
+    if (request.opcode == Opcode::kFlush || request.opcode == Opcode::kAtomicWrite) {
+#ifdef PMIRROR_HAVE_IBV_WR_FLUSH
+      extended = true;
+      const bool flush = request.opcode == Opcode::kFlush;
+      const size_t len = flush ? request.length : sizeof(uint64_t);
+      const size_t pieces = flush ? static_cast<size_t>((len + piece_max - 1) / piece_max) : 1;
+      for (size_t i = 0; i < pieces; ++i) {
+        ibv_send_wr& wr = wr_scratch_[n];
+        wr = ibv_send_wr{};
+        const uint64_t seq = next_seq_ + n;
+        const bool last = i + 1 == pieces;
+        // Always signaled: a FLUSH's completion is the persist's answer.
+        ring_[seq % sq_depth_] = WrRecord{request.wr_id, request.opcode, last, last, -1};
+        const uint64_t off = uint64_t{i} * piece_max;
+        wr.wr_id = seq;
+        wr.opcode = flush ? IBV_WR_FLUSH : IBV_WR_ATOMIC_WRITE;
+        wr.send_flags = IBV_SEND_SIGNALED | (request.fence && i == 0 ? IBV_SEND_FENCE : 0);
+        wr.wr.rdma.remote_addr = request.remote.address + request.remote_offset + off;
+        wr.wr.rdma.rkey = request.remote.rkey;
+        wr_extra_scratch_[n] = flush ? std::min<uint64_t>(piece_max, len - off) : request.value;
+        run = 0;
+        ++n;
+      }
+      continue;
+#endif
+    }
     if (request.opcode == Opcode::kSend) {
       ibv_sge& sge = sge_scratch_[n];
       ibv_send_wr& wr = wr_scratch_[n];
@@ -518,7 +625,8 @@ Status RdmaConnection::post_requests(std::span<const WorkRequest> requests) {
       wr.sg_list = &sge;
       wr.num_sge = len == 0 ? 0 : 1;
       wr.opcode = request.opcode == Opcode::kWrite ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
-      wr.send_flags = (sig ? IBV_SEND_SIGNALED : 0) | (inline_write ? IBV_SEND_INLINE : 0);
+      wr.send_flags = (sig ? IBV_SEND_SIGNALED : 0) | (inline_write ? IBV_SEND_INLINE : 0) |
+                      (request.fence && i == 0 ? IBV_SEND_FENCE : 0);
       wr.wr.rdma.remote_addr = request.remote.address + request.remote_offset + off;
       wr.wr.rdma.rkey = request.remote.rkey;
       ++n;
@@ -526,10 +634,82 @@ Status RdmaConnection::post_requests(std::span<const WorkRequest> requests) {
   }
   for (size_t i = 0; i + 1 < n; ++i) wr_scratch_[i].next = &wr_scratch_[i + 1];
   wr_scratch_[n - 1].next = nullptr;
-  return post_chain_locked(std::span(wr_scratch_.data(), n), what);
+  return post_chain_locked(std::span(wr_scratch_.data(), n), what, extended);
 }
 
-Status RdmaConnection::post_chain_locked(std::span<ibv_send_wr> wrs, std::string_view what) {
+#ifdef PMIRROR_HAVE_IBV_WR_FLUSH
+// The chain through the ibv_wr_* API: every WR of it, since ibv_post_send
+// cannot carry a FLUSH's type and level. All or nothing: ibv_wr_complete
+// posts the whole batch or none of it.
+Status RdmaConnection::post_extended_locked(std::span<ibv_send_wr> wrs, size_t* posted) {
+  ibv_qp_ex* qpx = endpoint_->qpx;
+  *posted = 0;
+  ibv_wr_start(qpx);
+  for (size_t i = 0; i < wrs.size(); ++i) {
+    const ibv_send_wr& wr = wrs[i];
+    qpx->wr_id = wr.wr_id;
+    qpx->wr_flags = wr.send_flags & ~static_cast<unsigned>(IBV_SEND_INLINE);
+    const uint32_t rkey = wr.wr.rdma.rkey;
+    const uint64_t remote = wr.wr.rdma.remote_addr;
+    switch (wr.opcode) {
+      case IBV_WR_FLUSH:
+        ibv_wr_flush(qpx, rkey, remote, wr_extra_scratch_[i], IBV_FLUSH_PERSISTENT,
+                     IBV_FLUSH_RANGE);
+        continue;
+      case IBV_WR_ATOMIC_WRITE:
+        ibv_wr_atomic_write(qpx, rkey, remote, &wr_extra_scratch_[i]);
+        continue;
+      case IBV_WR_RDMA_WRITE:
+        ibv_wr_rdma_write(qpx, rkey, remote);
+        break;
+      case IBV_WR_RDMA_READ:
+        ibv_wr_rdma_read(qpx, rkey, remote);
+        break;
+      default:  // IBV_WR_SEND: the only other opcode post_requests makes
+        ibv_wr_send(qpx);
+        break;
+    }
+    if (wr.num_sge == 0) {
+      ibv_wr_set_sge_list(qpx, 0, nullptr);
+    } else if ((wr.send_flags & IBV_SEND_INLINE) != 0) {
+      ibv_wr_set_inline_data(qpx, reinterpret_cast<void*>(wr.sg_list->addr), wr.sg_list->length);
+    } else {
+      ibv_wr_set_sge(qpx, wr.sg_list->lkey, wr.sg_list->addr, wr.sg_list->length);
+    }
+  }
+  const int err = ibv_wr_complete(qpx);
+  if (err == 0) *posted = wrs.size();
+  return err == 0 ? Status::Ok()
+                  : verbs_error(err == ENOMEM ? Errc::kResourceExhausted : Errc::kIoError,
+                                "ibv_wr_complete", endpoint_->id->verbs, err);
+}
+#else
+Status RdmaConnection::post_extended_locked(std::span<ibv_send_wr> /*wrs*/, size_t* posted) {
+  *posted = 0;
+  return Status(Errc::kUnsupported, "this build cannot post FLUSH or ATOMIC WRITE");
+}
+#endif
+
+Status RdmaConnection::post_chain_locked(std::span<ibv_send_wr> wrs, std::string_view what,
+                                         bool extended) {
+  if (extended) {
+    size_t posted = 0;
+    Status status = post_extended_locked(wrs, &posted);
+    if (status.ok()) {
+      unsignaled_run_ = 0;  // it ends with a signaled FLUSH or ATOMIC WRITE, or has one
+      for (const ibv_send_wr& wr : wrs)
+        unsignaled_run_ = (wr.send_flags & IBV_SEND_SIGNALED) != 0 ? 0 : unsignaled_run_ + 1;
+      next_seq_ += posted;
+      return status;
+    }
+    for (const ibv_send_wr& wr : wrs) {
+      WrRecord& record = ring_[wr.wr_id % sq_depth_];
+      if (record.send_slot >= 0)
+        free_send_slots_.push_back(static_cast<uint32_t>(record.send_slot));
+      record.send_slot = -1;
+    }
+    return status.with_context(std::string(what));
+  }
   ibv_send_wr* bad = nullptr;
   const int err = ibv_post_send(endpoint_->qp.get(), wrs.data(), &bad);
   const size_t posted = err == 0 ? wrs.size() : (bad != nullptr ? bad - wrs.data() : 0);

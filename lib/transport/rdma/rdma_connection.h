@@ -68,6 +68,9 @@ struct Endpoint {
   uint32_t max_msg_size = 0;       // port limit of one RDMA message
   bool odp_rc_read_write = false;  // device can register without pinning (ODP)
   FabricPersistence fabric;        // the device's FLUSH / ATOMIC WRITE
+  // The QP's work-request API (ibv_wr_*), where the QP was made to post
+  // FLUSH or ATOMIC WRITE (fabric.can_post_*); not owned: it lives with qp.
+  ibv_qp_ex* qpx = nullptr;
 
   // ~Endpoint needs the QP gone before the CQ etc.; the member order does it.
 };
@@ -136,7 +139,11 @@ class RdmaConnection final : public Connection {
   Status post_requests(std::span<const WorkRequest> requests);
   Status check_open_locked() const;
   // Posts `wrs` (already linked); on failure rolls back what was not posted.
-  Status post_chain_locked(std::span<ibv_send_wr> wrs, std::string_view what);
+  // With `extended` (the chain holds a FLUSH or an ATOMIC WRITE), through
+  // the QP's ibv_wr_* API, all or nothing; wr_extra_scratch_ then holds each
+  // WR's FLUSH length or ATOMIC WRITE value.
+  Status post_chain_locked(std::span<ibv_send_wr> wrs, std::string_view what, bool extended);
+  Status post_extended_locked(std::span<ibv_send_wr> wrs, size_t* posted);
   void reclaim_through_locked(uint64_t seq);
   size_t drain_cq_locked(std::span<Completion> out);
   void handle_cm_events_locked();
@@ -160,6 +167,7 @@ class RdmaConnection final : public Connection {
   std::vector<uint32_t> free_send_slots_;
   std::vector<ibv_send_wr> wr_scratch_;  // one post's chain, reused
   std::vector<ibv_sge> sge_scratch_;
+  std::vector<uint64_t> wr_extra_scratch_;  // FLUSH length / ATOMIC WRITE value per WR
   std::vector<bool> recv_posted_;
   bool broken_ = false;
   bool shutdown_called_ = false;

@@ -313,9 +313,7 @@ Result<std::unique_ptr<Connection>> connect_impl(const std::string& address, uin
 Status probe_registration(ibv_context* ctx, void* addr, size_t len, uint32_t access) {
   Pd pd(ibv_alloc_pd(ctx));
   if (!pd) return verbs_error(Errc::kIoError, "ibv_alloc_pd", ctx, errno);
-  int flags = IBV_ACCESS_LOCAL_WRITE;
-  if ((access & kRemoteWrite) != 0) flags |= IBV_ACCESS_REMOTE_WRITE;
-  if ((access & kRemoteRead) != 0) flags |= IBV_ACCESS_REMOTE_READ;
+  PMIRROR_ASSIGN_OR_RETURN(const int flags, access_flags(access));
   // The caller names the volume and path; file_backed is true so that an
   // EINVAL on a file mapping is read as the fsdax case too.
   auto mr = register_memory_region(pd.get(), ctx, device_has_rc_odp(ctx), addr, len, flags,

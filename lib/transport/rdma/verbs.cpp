@@ -101,6 +101,30 @@ FabricPersistence device_fabric_persistence(ibv_context* context) {
   return out;
 }
 
+Result<int> access_flags(uint32_t access) {
+  constexpr uint32_t kKnown = kRemoteWrite | kRemoteRead | kRemoteFlush | kRemoteAtomicWrite;
+  if ((access & ~kKnown) != 0)
+    return Status(Errc::kInvalidArgument, "register_memory: unknown access bits");
+  int flags = IBV_ACCESS_LOCAL_WRITE;  // also the destination of our reads
+  if ((access & kRemoteWrite) != 0) flags |= IBV_ACCESS_REMOTE_WRITE;
+  if ((access & kRemoteRead) != 0) flags |= IBV_ACCESS_REMOTE_READ;
+  // Devices differ in which permission they check for an ATOMIC WRITE (it
+  // writes, and it is an atomic): both.
+  if ((access & kRemoteAtomicWrite) != 0) {
+    flags |= IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
+  }
+  if ((access & kRemoteFlush) != 0) {
+#ifdef PMIRROR_HAVE_IBV_WR_FLUSH
+    flags |= IBV_ACCESS_FLUSH_PERSISTENT;
+#else
+    return Status(Errc::kUnsupported,
+                  "register_memory: this build of pmirror (against rdma-core < 45) cannot "
+                  "register memory for FLUSH");
+#endif
+  }
+  return flags;
+}
+
 Result<Mr> register_memory_region(ibv_pd* pd, ibv_context* context, bool odp, void* addr,
                                   size_t len, int flags, bool file_backed,
                                   const std::string& what) {
@@ -126,6 +150,10 @@ Result<Mr> register_memory_region(ibv_pd* pd, ibv_context* context, bool odp, vo
   } else if (err == EFAULT) {
     hint = " (the range is not mapped in this process)";
   }
+#ifdef PMIRROR_HAVE_IBV_WR_FLUSH
+  if (err == EINVAL && (flags & IBV_ACCESS_FLUSH_PERSISTENT) != 0)
+    hint = " (FLUSH to persistence is granted on pmem only: a devdax device or an fs-dax file)";
+#endif
   return Status(Errc::kIoError, what + ": ibv_reg_mr: " + std::strerror(err) + hint);
 }
 

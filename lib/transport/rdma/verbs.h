@@ -144,6 +144,11 @@ bool device_has_rc_odp(ibv_context* context);
 // when the query fails or an older kernel does not know them.
 FabricPersistence device_fabric_persistence(ibv_context* context);
 
+// The ibv access flags for transport Access bits: kUnsupported for FLUSH
+// when this build cannot post it (rdma-core < 45), kInvalidArgument for
+// bits it does not know.
+Result<int> access_flags(uint32_t access);
+
 // ibv_reg_mr of [addr, +len) on `pd`. Where the kernel refuses to pin the
 // pages (fsdax: EOPNOTSUPP, or EINVAL from some drivers on file mappings)
 // it retries with IBV_ACCESS_ON_DEMAND if `odp`; otherwise kUnsupported

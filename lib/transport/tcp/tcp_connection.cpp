@@ -207,6 +207,10 @@ Result<std::unique_ptr<MemoryRegion>> TcpConnection::register_memory(void* addr,
     return Status(Errc::kInvalidArgument, "register_memory: empty region (addr " +
                                               hex(reinterpret_cast<uint64_t>(addr)) + ", length " +
                                               std::to_string(len) + ")");
+  if ((access & (kRemoteFlush | kRemoteAtomicWrite)) != 0)
+    return Status(Errc::kUnsupported,
+                  "register_memory: FLUSH and ATOMIC WRITE are the fabric's verbs (rdma where "
+                  "the device has them); this transport has neither");
   if ((access & ~uint32_t{kRemoteWrite | kRemoteRead | kPersistEachWrite}) != 0)
     return Status(Errc::kInvalidArgument, "register_memory: unknown access bits " + hex(access));
   if ((access & kPersistEachWrite) != 0 && ((access & kRemoteWrite) == 0 || !persist))
@@ -329,6 +333,12 @@ Result<size_t> TcpConnection::post_list(std::span<const WorkRequest> requests) {
         break;
       case Opcode::kRecv:
         return Status(Errc::kInvalidArgument, "post_list: a receive is not posted, it is reposted");
+      case Opcode::kFlush:
+      case Opcode::kAtomicWrite:
+        return Status(Errc::kUnsupported,
+                      "post_list: " + std::string(opcode_name(request.opcode)) +
+                          " is the fabric's verb (rdma where the device has it); tcp persists "
+                          "each Write, or before the Read after it, instead");
     }
   }
   {

@@ -315,6 +315,154 @@ TEST_F(RdmaTransport, DevdaxRegistersAndTakesWrites) {
   EXPECT_EQ(std::memcmp(back.data(), src.data(), src.size()), 0);
 }
 
+// The guest's devdax device mapped (2 MiB: its alignment), or why not.
+std::string map_devdax(Mapping& m) {
+  const std::string dev = env_or("PMIRROR_LAB_DAX_DEV", "/dev/dax1.0");
+  m.fd = open(dev.c_str(), O_RDWR);
+  if (m.fd < 0) return "cannot open " + dev + ": " + std::strerror(errno);
+  m.len = 2 << 20;
+  m.addr = mmap(nullptr, m.len, PROT_READ | PROT_WRITE, MAP_SHARED, m.fd, 0);
+  if (m.addr == MAP_FAILED) return dev + ": mmap: " + std::strerror(errno);
+  return {};
+}
+
+// Whether this connection should be able to post FLUSH and ATOMIC WRITE:
+// known in the lab (6.12's rxe has them; a build against rdma-core 56,
+// scripts/lab/rdma-core.sh, can post them), not elsewhere.
+bool lab_expects_native_verbs(const FabricPersistence& f) {
+  return env_or("PMIRROR_LAB_KERNEL", "6.1") == "6.12" && f.verbs_api;
+}
+
+// Where the connection cannot post them (6.1's rxe, or Debian 12's
+// rdma-core 44), FLUSH and ATOMIC WRITE are refused before anything is
+// posted, with the reason, and the connection goes on working.
+TEST_F(RdmaTransport, NativePersistenceVerbsAreRefusedWhereTheConnectionCannotPostThem) {
+  auto p = make_pair();
+  ASSERT_TRUE(p.active && p.passive);
+  const FabricPersistence f = p.active->fabric_persistence();
+  if (f.can_post_flush && f.can_post_atomic_write)
+    GTEST_SKIP() << "this connection posts both (NativeFlushAndAtomicWriteReachPmem)";
+  EXPECT_FALSE(std::getenv("PMIRROR_LAB_GUEST") != nullptr && lab_expects_native_verbs(f))
+      << "kernel 6.12 and a build against rdma-core >= 45: the QP should post them";
+  std::vector<std::byte> remote(4096), local(4096);
+  auto rmr = p.passive->register_memory(remote.data(), remote.size(), kRemoteWrite | kRemoteRead);
+  auto lmr = p.active->register_memory(local.data(), local.size(), kLocalOnly);
+  ASSERT_TRUE(rmr.ok() && lmr.ok());
+  const RemoteKey key = (*rmr)->remote_key();
+  if (!f.can_post_flush) {
+    const WorkRequest flush = WorkRequest::flush(key, 0, 64, 1);
+    auto posted = p.active->post_list({&flush, 1});
+    ASSERT_FALSE(posted.ok());
+    EXPECT_EQ(posted.status().code(), Errc::kUnsupported) << posted.status().to_string();
+    EXPECT_NE(posted.status().message().find("FLUSH"), std::string::npos)
+        << posted.status().message();
+    if (!p.passive->fabric_persistence().flush_persistent) {
+      auto flushable = p.passive->register_memory(remote.data(), remote.size(),
+                                                  kRemoteWrite | kRemoteFlush);
+      ASSERT_FALSE(flushable.ok());
+      EXPECT_EQ(flushable.status().code(), Errc::kUnsupported);
+    }
+  }
+  if (!f.can_post_atomic_write) {
+    const WorkRequest atomic = WorkRequest::atomic_write(key, 0, 42, 2, true);
+    auto posted = p.active->post_list({&atomic, 1});
+    ASSERT_FALSE(posted.ok());
+    EXPECT_EQ(posted.status().code(), Errc::kUnsupported) << posted.status().to_string();
+  }
+  // Nothing was posted, nothing broke: a Write and a Read still work.
+  std::memset(local.data(), 0x5a, 64);
+  ASSERT_TRUE(p.active->post_write(**lmr, 0, 64, key, 128, 3, false).ok());
+  ASSERT_TRUE(p.active->post_read(**lmr, 1024, 8, key, 128, 4).ok());
+  auto c = wait_for(*p.active, 1);
+  ASSERT_EQ(c.size(), 1u);
+  ASSERT_TRUE(c[0].status.ok()) << c[0].status.to_string();
+  EXPECT_EQ(remote[128 + 63], std::byte{0x5a});
+}
+
+// Where it can (the 6.12 guest with a build against rdma-core 56): Writes,
+// a FLUSH of their range to persistence, an ATOMIC WRITE fenced behind it,
+// posted as one list onto the guest's devdax device. Both complete with
+// their own opcodes, the bytes and the word are there, and memory that is
+// not pmem is refused for FLUSH to persistence by the device itself.
+TEST_F(RdmaTransport, NativeFlushAndAtomicWriteReachPmem) {
+  auto p = make_pair();
+  ASSERT_TRUE(p.active && p.passive);
+  const FabricPersistence f = p.active->fabric_persistence();
+  if (!f.can_post_flush || !f.can_post_atomic_write)
+    GTEST_SKIP() << "this connection cannot post FLUSH and ATOMIC WRITE (verbs here: "
+                 << f.verbs_api << ")";
+  Mapping m;
+  if (std::string why = map_devdax(m); !why.empty()) GTEST_SKIP() << why;
+  auto tmr = p.passive->register_memory(
+      m.addr, m.len, kRemoteWrite | kRemoteRead | kRemoteFlush | kRemoteAtomicWrite);
+  ASSERT_TRUE(tmr.ok()) << tmr.status().to_string();
+  const RemoteKey key = (*tmr)->remote_key();
+  std::memset(m.addr, 0, 8);
+
+  std::vector<std::byte> src(64 << 10);
+  std::mt19937 rng(static_cast<uint32_t>(getpid()));
+  for (auto& b : src) b = std::byte(rng());
+  auto smr = p.active->register_memory(src.data(), src.size(), kLocalOnly);
+  ASSERT_TRUE(smr.ok()) << smr.status().to_string();
+  constexpr uint64_t kWord = 0x1122334455667788;
+  const WorkRequest list[] = {
+      WorkRequest::write(**smr, 0, src.size() / 2, key, 1 << 20, 1, false),
+      WorkRequest::write(**smr, src.size() / 2, src.size() / 2, key, (1 << 20) + src.size() / 2,
+                         2, false),
+      WorkRequest::flush(key, 1 << 20, src.size(), 3),
+      WorkRequest::atomic_write(key, 0, kWord, 4, /*fence=*/true),
+  };
+  auto posted = p.active->post_list(list);
+  ASSERT_TRUE(posted.ok()) << posted.status().to_string();
+  ASSERT_EQ(*posted, 4u);
+  auto c = wait_for(*p.active, 2);
+  ASSERT_EQ(c.size(), 2u);
+  for (const Completion& done : c) ASSERT_TRUE(done.status.ok()) << done.status.to_string();
+  EXPECT_EQ(c[0].wr_id, 3u);
+  EXPECT_EQ(c[0].opcode, Opcode::kFlush);
+  EXPECT_EQ(c[1].wr_id, 4u);
+  EXPECT_EQ(c[1].opcode, Opcode::kAtomicWrite);
+  EXPECT_EQ(std::memcmp(static_cast<std::byte*>(m.addr) + (1 << 20), src.data(), src.size()), 0);
+  uint64_t word = 0;
+  std::memcpy(&word, m.addr, sizeof word);
+  EXPECT_EQ(word, kWord);
+
+  // An unaligned word is refused before it is posted.
+  const WorkRequest unaligned = WorkRequest::atomic_write(key, 4, kWord, 5, false);
+  auto refused = p.active->post_list({&unaligned, 1});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Errc::kInvalidArgument);
+
+  // DRAM: the device will not promise persistence for it.
+  std::vector<std::byte> dram(4096);
+  auto not_pmem =
+      p.passive->register_memory(dram.data(), dram.size(), kRemoteWrite | kRemoteFlush);
+  ASSERT_FALSE(not_pmem.ok());
+  EXPECT_NE(not_pmem.status().message().find("pmem"), std::string::npos)
+      << not_pmem.status().message();
+}
+
+// The responder checks the registration: a FLUSH into memory registered
+// without kRemoteFlush fails with an error completion and the connection
+// breaks, as any remote access error does.
+TEST_F(RdmaTransport, FlushIntoARegionWithoutFlushAccessFails) {
+  auto p = make_pair();
+  ASSERT_TRUE(p.active && p.passive);
+  if (!p.active->fabric_persistence().can_post_flush)
+    GTEST_SKIP() << "this connection cannot post FLUSH";
+  Mapping m;
+  if (std::string why = map_devdax(m); !why.empty()) GTEST_SKIP() << why;
+  auto tmr = p.passive->register_memory(m.addr, m.len, kRemoteWrite | kRemoteRead);
+  ASSERT_TRUE(tmr.ok()) << tmr.status().to_string();
+  const WorkRequest flush = WorkRequest::flush((*tmr)->remote_key(), 0, 4096, 7);
+  auto posted = p.active->post_list({&flush, 1});
+  ASSERT_TRUE(posted.ok()) << posted.status().to_string();
+  auto c = wait_for(*p.active, 1);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].wr_id, 7u);
+  EXPECT_FALSE(c[0].status.ok()) << "a FLUSH the registration does not allow completed";
+}
+
 TEST_F(RdmaTransport, PollWithNoRoomForCompletionsIsInvalid) {
   auto p = make_pair();
   ASSERT_TRUE(p.active && p.passive);
