@@ -25,7 +25,10 @@ loss=${PMIRROR_LAB_LOSS:-1%}
 
 "$repo/scripts/lab/setup.sh"
 
-echo "== lab: one guest (rxe0 + NVDIMMs): rdma transport and data path"
+# Each part's start, so that a run's log shows what each took.
+section() { echo "== lab ($(date +%T)): $*"; }
+
+section "one guest (rxe0 + NVDIMMs): rdma transport and data path"
 "$repo/scripts/lab/run.sh" --nvdimm --timeout 1500 -- \
   "$repo/scripts/lab/tests/guest-data-path.sh" "$build"
 
@@ -33,7 +36,7 @@ next_kernel_what="rdma transport" next_kernel_args=()
 if [[ ${PMIRROR_EXTENDED:-0} == 1 ]]; then
   next_kernel_what="rdma transport and data path" next_kernel_args=(--data-path)
 fi
-echo "== lab: one guest on kernel 6.12 (rxe0 with FLUSH and ATOMIC WRITE): $next_kernel_what"
+section "one guest on kernel 6.12 (rxe0 with FLUSH and ATOMIC WRITE): $next_kernel_what"
 PMIRROR_LAB_KERNEL=6.12 "$repo/scripts/lab/setup.sh"
 PMIRROR_LAB_KERNEL=6.12 "$repo/scripts/lab/run.sh" --nvdimm --timeout 1500 -- \
   "$repo/scripts/lab/tests/guest-next-kernel.sh" "$build" "${next_kernel_args[@]}"
@@ -42,22 +45,22 @@ PMIRROR_LAB_KERNEL=6.12 "$repo/scripts/lab/run.sh" --nvdimm --timeout 1500 -- \
 # (docs/testing.md): scripts/test-extended.sh runs it (PMIRROR_EXTENDED=1).
 shared="$build/lab-shared.$$"
 if [[ ${PMIRROR_EXTENDED:-0} == 1 ]]; then
-  echo "== lab: two guests, $loss packet loss: mirrored stream across nodes"
+  section "two guests, $loss packet loss: mirrored stream across nodes"
   rm -rf "$shared" && mkdir -p "$shared"
   trap 'rm -rf "$shared"' EXIT
   "$repo/scripts/lab/run2.sh" --nvdimm --loss "$loss" --timeout 900 --rw "$shared" \
     --a "$repo/scripts/lab/tests/two-node-loss.sh $build $shared" \
     --b "$repo/scripts/lab/tests/two-node-loss.sh $build $shared"
-  echo "== lab: one guest: pmirror-run killed under load over rdma (docs/pmdk.md, crash tests)"
+  section "one guest: pmirror-run killed under load over rdma (docs/pmdk.md, crash tests)"
   "$repo/scripts/lab/run.sh" --nvdimm --timeout 2400 -- \
     "$repo/scripts/lab/tests/guest-pmdk-kill.sh" "$build" "${PMIRROR_LAB_KILLS:-10}"
 fi
 
-echo "== lab: two guests: replica recovery (kill -9, 100% loss, dirty-only resync)"
+section "two guests: replica recovery (kill -9, 100% loss, dirty-only resync)"
 recovery="$build/lab-recovery.$$"
 rm -rf "$recovery" && mkdir -p "$recovery"
 trap 'rm -rf "$shared" "$recovery"' EXIT
 "$repo/scripts/lab/run2.sh" --nvdimm --timeout 1200 --rw "$recovery" \
   --a "$repo/scripts/lab/tests/two-node-recovery.sh $build $recovery" \
   --b "$repo/scripts/lab/tests/two-node-recovery.sh $build $recovery"
-echo "lab: all passed"
+section "all passed"
