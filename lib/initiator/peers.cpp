@@ -396,7 +396,7 @@ PeerStatus Peers::status(const Peer& peer) const {
   s.transport = peer.spec.transport;
   s.connection = peer.state.snapshot();
   s.acknowledged_sequence = peer.replica ? peer.replica->done_upto() : peer.acknowledged;
-  s.method = peer.replica ? (peer.replica->uses_apm() ? "apm" : "gpspm") : "";
+  s.method = peer.replica ? peer.replica->method_name() : "";
   uint64_t last = ledger_.last_started();
   s.lag = last > s.acknowledged_sequence ? last - s.acknowledged_sequence : 0;
   s.persists = peer.persists;

@@ -73,8 +73,8 @@ Status Replica::handshake(const Setup& setup) {
   hello.volume = setup.options.name;
   hello.identity = setup.options.identity;
   hello.client_nonce = *client_nonce;
-  hello.flags =
-      protocol::kHelloCumulativeAcks | protocol::kHelloLineage | protocol::kHelloPlacementOrder;
+  hello.flags = protocol::kHelloCumulativeAcks | protocol::kHelloLineage |
+                protocol::kHelloPlacementOrder | protocol::kHelloNativeFlush;
   hello.lineage = setup.lineage;
   PMIRROR_RETURN_IF_ERROR(messenger_->send(hello));
 
@@ -119,8 +119,14 @@ Status Replica::handshake(const Setup& setup) {
   // Under APM placed Writes are durable in placement order over rdma (the
   // model APM assumes) and where the target says it persists each Write;
   // elsewhere (tcp onto a plain file) only at a flush Read.
-  placed_in_order_ = apm_ && (kind == transport::Kind::kRdma ||
-                              (descriptor->methods & protocol::kMethodPlacementOrder) != 0);
+  // Native flush where the target offers it and this side can post FLUSH:
+  // durable on any platform, where APM's Read assumes one that writes
+  // placed data through (docs/transport-rdma.md, "Native persistence").
+  native_flush_ = apm_ && (descriptor->methods & protocol::kMethodNativeFlush) != 0 &&
+                  connection_->fabric_persistence().can_post_flush;
+  placed_in_order_ = apm_ && !native_flush_ &&
+                     (kind == transport::Kind::kRdma ||
+                      (descriptor->methods & protocol::kMethodPlacementOrder) != 0);
   remote_ = {descriptor->remote_address, descriptor->rkey, descriptor->region_size};
   remote_size_ = descriptor->region_size;
   generation_ = descriptor->generation;
@@ -154,10 +160,11 @@ Status Replica::handshake(const Setup& setup) {
                              connection_->register_memory(setup.staging_base, setup.staging_size,
                                                           transport::kLocalOnly));
   }
-  post_scratch_.reserve(kMaxRangesPerPersist + 2);
+  // Native flush adds up to kMaxFlushSpans FLUSHes per group.
+  post_scratch_.reserve(kMaxRangesPerPersist * (native_flush_ ? 2 : 1) + 2);
   last_heard_ = last_sent_ = Clock::now();
   log::debug("replica {}: session open, method {}, session generation {}, last sequence {}", label_,
-             !apm_ ? "gpspm" : placed_in_order_ ? "apm, placement order" : "apm", generation_,
+             placed_in_order_ ? "apm, placement order" : method_name(), generation_,
              remote_last_sequence_);
   return Status::Ok();
 }
@@ -227,6 +234,41 @@ Result<transport::WorkRequest> encode_update(session::Messenger& messenger, prot
   return messenger.encode(kept);
 }
 
+// Native flush: the spans the FLUSHes of some ranges cover -- sorted,
+// merged where less than kFlushMergeGap lies between them (flushing a clean
+// line costs less than a work request), then the closest merged until at
+// most kMaxFlushSpans remain.
+constexpr uint64_t kFlushMergeGap = 64 << 10;
+constexpr size_t kMaxFlushSpans = 4;
+
+void flush_spans(std::span<const protocol::Range> ranges, std::vector<protocol::Range>& out) {
+  out.assign(ranges.begin(), ranges.end());
+  std::sort(out.begin(), out.end(),
+            [](const protocol::Range& a, const protocol::Range& b) { return a.offset < b.offset; });
+  size_t kept = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const uint64_t end = out[i].offset + out[i].length;
+    if (kept > 0 && out[i].offset <= out[kept - 1].offset + out[kept - 1].length + kFlushMergeGap) {
+      protocol::Range& last = out[kept - 1];
+      last.length = std::max(last.offset + last.length, end) - last.offset;
+    } else {
+      out[kept++] = out[i];
+    }
+  }
+  out.resize(kept);
+  while (out.size() > kMaxFlushSpans) {
+    size_t closest = 1;
+    for (size_t i = 2; i < out.size(); ++i) {
+      const uint64_t gap = out[i].offset - (out[i - 1].offset + out[i - 1].length);
+      if (gap < out[closest].offset - (out[closest - 1].offset + out[closest - 1].length))
+        closest = i;
+    }
+    protocol::Range& before = out[closest - 1];
+    before.length = out[closest].offset + out[closest].length - before.offset;
+    out.erase(out.begin() + static_cast<std::ptrdiff_t>(closest));
+  }
+}
+
 }  // namespace
 
 Status Replica::post_write_flush(uint64_t sequence, std::span<const protocol::Range> ranges,
@@ -244,18 +286,39 @@ Status Replica::post_write_flush(uint64_t sequence, std::span<const protocol::Ra
   std::vector<transport::WorkRequest>& list = post_scratch_;
   list.clear();
   size_t staged = staged_at.value_or(0);
-  size_t next_end = 0;  // group_ends[next_end]: where the current group ends
+  size_t next_end = 0;     // group_ends[next_end]: where the current group ends
+  size_t group_begin = 0;  // native flush: the current group's first range
+  // Native flush: FLUSHes of ranges[from, to), the last one signaled with
+  // `tag` if there is one.
+  auto push_flushes = [&](size_t from, size_t to, std::optional<uint64_t> tag) {
+    flush_spans(ranges.subspan(from, to - from), flush_spans_);
+    for (size_t k = 0; k < flush_spans_.size(); ++k) {
+      const bool last = k + 1 == flush_spans_.size();
+      list.push_back(transport::WorkRequest::flush(
+          remote_, flush_spans_[k].offset, flush_spans_[k].length,
+          last && tag ? *tag : kGroupFlushTag | (sequence & kSequenceMask), last && tag));
+    }
+  };
   for (size_t i = 0; i < ranges.size(); ++i) {
     const protocol::Range& range = ranges[i];
+    bool fence = native_flush_ && i == 0;
     if (!placed_in_order_ && next_end < group_ends.size() && group_ends[next_end] == i) {
       // The groups before are flushed before anything of this one is placed
       // (over rdma APM placement order is durability order already, as
-      // between pipelined persists: docs/protocol.md, "Ordering").
-      const protocol::Range& last = ranges[i - 1];
-      list.push_back(transport::WorkRequest::read(
-          *flush_region_, 0, kFlushReadSize, remote_,
-          std::min(last.offset, remote_size_ - kFlushReadSize),
-          kGroupFlushTag | (sequence & kSequenceMask)));
+      // between pipelined persists: docs/protocol.md, "Ordering"). Native
+      // flush: FLUSHes of the group, and this group's first Write fenced
+      // behind them (placed bytes may reach pmem before a FLUSH does).
+      if (native_flush_) {
+        push_flushes(group_begin, i, std::nullopt);
+        group_begin = i;
+        fence = true;
+      } else {
+        const protocol::Range& last = ranges[i - 1];
+        list.push_back(transport::WorkRequest::read(
+            *flush_region_, 0, kFlushReadSize, remote_,
+            std::min(last.offset, remote_size_ - kFlushReadSize),
+            kGroupFlushTag | (sequence & kSequenceMask)));
+      }
       ++next_end;
     }
     if (staged_at) {
@@ -270,16 +333,26 @@ Status Replica::post_write_flush(uint64_t sequence, std::span<const protocol::Ra
                                                    kWriteTag | (sequence & kSequenceMask),
                                                    /*signaled=*/false));
     }
+    // A persist's first Write waits for the FLUSHes of the persists before
+    // it: without APM's platform a later persist's placed bytes could reach
+    // pmem before an earlier one's (the order the initiator keeps: as GPSPM,
+    // one round trip per persist in flight, but waited for by the NIC).
+    list.back().fence = fence;
   }
   size_t completes_from = list.size() + 1;  // posted requests after which a completion will come
   bool requests = false;  // the last request takes a receive slot on the target
   auto& commit_ranges = std::get<protocol::Commit>(commit_message_).ranges;
   size_t committed_before = commit_ranges.size();
   if (apm_) {
-    uint64_t flush_offset = std::min(ranges.back().offset, remote_size_ - kFlushReadSize);
     uint64_t tag = copy ? kResyncTag : kReadTag | (sequence & kSequenceMask);
-    list.push_back(
-        transport::WorkRequest::read(*flush_region_, 0, kFlushReadSize, remote_, flush_offset, tag));
+    if (native_flush_) {
+      push_flushes(group_begin, ranges.size(), tag);
+      completes_from = list.size();  // the signaled FLUSH is the last of them
+    } else {
+      uint64_t flush_offset = std::min(ranges.back().offset, remote_size_ - kFlushReadSize);
+      list.push_back(transport::WorkRequest::read(*flush_region_, 0, kFlushReadSize, remote_,
+                                                  flush_offset, tag));
+    }
     if (!copy) {
       // capacity reserved; post_persist made room (post_pending_commit)
       commit_ranges.insert(commit_ranges.end(), ranges.begin(), ranges.end());
@@ -616,14 +689,16 @@ Result<bool> Replica::resync_done() {
 
 Status Replica::handle_completion(const transport::Completion& completion) {
   last_heard_ = pump_clock();
-  if ((completion.wr_id & kGroupFlushTag) != 0 && completion.opcode == transport::Opcode::kRead) {
-    return Status::Ok();
-  }
-  if ((completion.wr_id & kResyncTag) != 0 && completion.opcode == transport::Opcode::kRead) {
+  // A persist's flush: the Read after its Writes, or (native flush) its
+  // last FLUSH.
+  const bool flush = completion.opcode == transport::Opcode::kRead ||
+                     completion.opcode == transport::Opcode::kFlush;
+  if ((completion.wr_id & kGroupFlushTag) != 0 && flush) return Status::Ok();
+  if ((completion.wr_id & kResyncTag) != 0 && flush) {
     resync_outstanding_ = false;
     return Status::Ok();
   }
-  if ((completion.wr_id & kReadTag) != 0 && completion.opcode == transport::Opcode::kRead) {
+  if ((completion.wr_id & kReadTag) != 0 && flush) {
     uint64_t sequence = completion.wr_id & kSequenceMask;
     // Sequences beyond 2^56 would need the full value; that is 10^9 years
     // of persists at 2M/s.
@@ -825,7 +900,7 @@ ReplicaStatus Replica::status() const {
   s.address = spec_.address + ":" + std::to_string(spec_.port);
   s.transport = spec_.transport;
   s.state = state_;
-  s.method = apm_ ? "apm" : "gpspm";
+  s.method = method_name();
   s.generation = generation_;
   s.acknowledged_sequence = done_upto_;
   s.last_error = error_.ok() ? "" : error_.message();

@@ -179,6 +179,11 @@ class Replica {
   // reports it too.
   void abandon(const Status& why);
   bool uses_apm() const { return apm_; }
+  // "native-flush", "apm" or "gpspm": how this replica's persists become
+  // durable (status: `method`).
+  const char* method_name() const {
+    return native_flush_ ? "native-flush" : apm_ ? "apm" : "gpspm";
+  }
   // APM: persists recorded on the target by no Commit yet (their Commit
   // comes with a later persist, or from commit_if_idle()).
   size_t uncommitted() const;
@@ -254,6 +259,12 @@ class Replica {
   // kMethodPlacementOrder); otherwise the target persists at a Read, so an
   // ordered persist's groups need a flush each.
   bool placed_in_order_ = false;
+  // The target declared native flush and this connection can post FLUSH:
+  // a persist's Writes are followed by FLUSHes of their ranges instead of
+  // the flush Read, and each persist's (and group's) first Write is fenced
+  // behind the FLUSHes before it (placement is not durability there).
+  bool native_flush_ = false;
+  std::vector<protocol::Range> flush_spans_;  // post_write_flush's scratch
   uint64_t generation_ = 0;
   uint64_t remote_last_sequence_ = 0;
   uint32_t credits_ = 0;

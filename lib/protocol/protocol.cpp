@@ -243,7 +243,8 @@ Status validate(const Hello& m, Errc code) {
   if ((m.flags & ~kHelloFlagsKnown) != 0) {
     return Status(
         code, "Hello.flags has undefined bits " + hex(m.flags & ~kHelloFlagsKnown) +
-                  " (defined: cumulative acks 0x1, fence 0x2, lineage 0x4, placement order 0x8)");
+                  " (defined: cumulative acks 0x1, fence 0x2, lineage 0x4, placement order 0x8, "
+                  "native flush 0x10)");
   }
   if ((m.flags & kHelloLineage) == 0 && m.lineage != Lineage{}) {
     return Status(code, "Hello.lineage is set without the lineage flag");
@@ -265,10 +266,14 @@ Status validate(const VolumeDescriptor& m, Errc code) {
   if ((m.methods & ~kMethodsKnown) != 0) {
     return Status(code, "VolumeDescriptor.methods has undefined bits " +
                             hex(m.methods & ~kMethodsKnown) +
-                            " (defined: APM 0x1, GPSPM 0x2, placement order 0x4)");
+                            " (defined: APM 0x1, GPSPM 0x2, placement order 0x4, native flush "
+                            "0x8)");
   }
   if ((m.methods & kMethodPlacementOrder) != 0 && (m.methods & kMethodApm) == 0) {
     return Status(code, "VolumeDescriptor.methods has placement order (0x4) without APM (0x1)");
+  }
+  if ((m.methods & kMethodNativeFlush) != 0 && (m.methods & kMethodApm) == 0) {
+    return Status(code, "VolumeDescriptor.methods has native flush (0x8) without APM (0x1)");
   }
   for (size_t i = 1; i < m.generation_history.size(); ++i) {
     if (m.generation_history[i] != 0 && m.generation_history[i - 1] == 0) {

@@ -81,8 +81,15 @@ enum PersistMethod : uint32_t {
   // persist's groups need no flush Read between them. Only declared to an
   // initiator whose Hello set kHelloPlacementOrder.
   kMethodPlacementOrder = 1u << 2,
+  // A FLUSH (the fabric's verb: persistent, range) after Writes makes them
+  // durable, on any platform: the copy is pmem, registered for FLUSH on a
+  // device that has it (docs/transport-rdma.md, "Native persistence").
+  // Only with APM (the one-sided path), only to an initiator whose Hello
+  // set kHelloNativeFlush.
+  kMethodNativeFlush = 1u << 3,
 };
-inline constexpr uint32_t kMethodsKnown = kMethodApm | kMethodGpspm | kMethodPlacementOrder;
+inline constexpr uint32_t kMethodsKnown =
+    kMethodApm | kMethodGpspm | kMethodPlacementOrder | kMethodNativeFlush;
 
 // VolumeDescriptor.copy_flags: the state of the target's copy (its
 // metadata pool, lib/metadata).
@@ -131,9 +138,11 @@ enum HelloFlag : uint32_t {
   // The initiator understands VolumeDescriptor.methods' kMethodPlacementOrder
   // (an initiator that predates it refuses a descriptor with that bit).
   kHelloPlacementOrder = 1u << 3,
+  // The initiator understands VolumeDescriptor.methods' kMethodNativeFlush.
+  kHelloNativeFlush = 1u << 4,
 };
 inline constexpr uint32_t kHelloFlagsKnown =
-    kHelloCumulativeAcks | kHelloFence | kHelloLineage | kHelloPlacementOrder;
+    kHelloCumulativeAcks | kHelloFence | kHelloLineage | kHelloPlacementOrder | kHelloNativeFlush;
 
 // The data generations of the initiator's copy, as it knows them.
 struct Lineage {

@@ -283,11 +283,36 @@ class Session {
                             ((methods_ & protocol::kMethodPlacementOrder) != 0
                                  ? uint32_t{transport::kPersistEachWrite}
                                  : 0u);
-    auto registration = peer_.connection->register_memory(
-        region.data(), region.size(), access,
-        // A failure fails the Read that flushes (tcp) and the region for
-        // good (region.h), which ends this session and refuses later ones.
-        [&region](const void* addr, size_t len) { return region.persist_range(addr, len); });
+    // A FLUSH of the fabric's (native flush, docs/transport-rdma.md): to an
+    // initiator that knows it, for a pmem copy, where this connection's
+    // device has FLUSH to persistence and grants it on the registration.
+    auto persist = [&region](const void* addr, size_t len) {
+      // A failure fails the Read that flushes (tcp) and the region for
+      // good (region.h), which ends this session and refuses later ones.
+      return region.persist_range(addr, len);
+    };
+    Result<std::unique_ptr<transport::MemoryRegion>> registration =
+        Status(Errc::kUnsupported, "not tried");
+    if ((peer_.hello.flags & protocol::kHelloNativeFlush) != 0 &&
+        (methods_ & protocol::kMethodApm) != 0 && region.is_pmem() &&
+        peer_.connection->fabric_persistence().flush_persistent) {
+      // Placement order has nothing to add then (the initiator fences
+      // behind FLUSHes instead), nor persisting each Write here.
+      registration = peer_.connection->register_memory(
+          region.data(), region.size(),
+          transport::kRemoteWrite | transport::kRemoteRead | transport::kRemoteFlush, persist);
+      if (registration.ok()) {
+        methods_ |= protocol::kMethodNativeFlush;
+        methods_ &= ~uint32_t{protocol::kMethodPlacementOrder};
+      } else {
+        log::info("{}: volume {}: no native flush for this session: {}", who(), name(),
+                  registration.status().message());
+      }
+    }
+    if (!registration.ok()) {
+      registration =
+          peer_.connection->register_memory(region.data(), region.size(), access, persist);
+    }
     if (!registration.ok()) {
       Status failed = registration.status().with_context("registering " + region.path());
       log::error("{}: volume {}: {}", who(), name(), failed.to_string());
@@ -391,6 +416,8 @@ class Session {
     {
       std::lock_guard lock(volume_.mutex);
       record_.method = (methods_ & protocol::kMethodApm) == 0 ? "gpspm"
+                       : (methods_ & protocol::kMethodNativeFlush) != 0
+                           ? "native-flush+apm+gpspm"
                        : (methods_ & protocol::kMethodPlacementOrder) != 0
                            ? "apm+gpspm, placement order"
                            : "apm+gpspm";

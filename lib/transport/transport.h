@@ -143,7 +143,7 @@ struct WorkRequest {
   size_t length = 0;  // kFlush: the bytes of `remote` from remote_offset to flush
   RemoteKey remote{};
   uint64_t remote_offset = 0;
-  bool signaled = true;  // kWrite only: the others always complete
+  bool signaled = true;  // kWrite and kFlush only: the others always complete
   // kSend: the message, copied before post_list returns.
   std::span<const std::byte> message{};
   // kAtomicWrite: the 8-byte word written, at an 8-byte aligned address.
@@ -167,10 +167,11 @@ struct WorkRequest {
   }
   // FLUSH(persistent, range): completes once the peer's bytes [remote +
   // remote_offset, +len) -- every Write before it that placed them -- are
-  // in its persistence domain.
+  // in its persistence domain. Unsignaled, it completes with the next
+  // signaled operation (RC completes in order).
   static WorkRequest flush(const RemoteKey& remote, uint64_t remote_offset, size_t len,
-                           uint64_t wr_id) {
-    return {Opcode::kFlush, wr_id, nullptr, 0, len, remote, remote_offset, true, {}};
+                           uint64_t wr_id, bool signaled = true) {
+    return {Opcode::kFlush, wr_id, nullptr, 0, len, remote, remote_offset, signaled, {}};
   }
   static WorkRequest atomic_write(const RemoteKey& remote, uint64_t remote_offset,
                                   uint64_t value, uint64_t wr_id, bool fence) {

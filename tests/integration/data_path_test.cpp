@@ -155,9 +155,13 @@ TEST_F(DataPathTest, ThousandsOfRandomPersistsReachBothReplicasByteForByte) {
     const auto& r = replicas[i];
     EXPECT_EQ(r.state, ReplicaState::kConnected) << r.last_error;
     // tcp targets flush on read-after-write whatever the backing; over rdma
-    // only pmem (the devdax target) may promise it.
+    // only pmem (the devdax target) may promise it -- by APM, or by native
+    // flush where the device and both builds have FLUSH
+    // (PMIRROR_TEST_PMEM_METHOD=native-flush: scripts/lab/tests/guest-next-kernel.sh).
     bool pmem_target = i == 0 && !test_dax().empty();
-    EXPECT_EQ(r.method, test_kind() == transport::Kind::kTcp || pmem_target ? "apm" : "gpspm");
+    EXPECT_EQ(r.method, test_kind() == transport::Kind::kTcp ? "apm"
+                        : pmem_target ? env_or("PMIRROR_TEST_PMEM_METHOD", "apm")
+                                      : "gpspm");
     EXPECT_EQ(r.acknowledged_sequence, static_cast<uint64_t>(count));
   }
   volume->reset();

@@ -420,7 +420,7 @@ struct Hub {
       break_pair(e, e.fail_reason, lost(p, e.fail_reason.message()));
       return Exec::kDone;
     }
-    if (w.opcode != Opcode::kSend) {
+    if (w.opcode == Opcode::kWrite || w.opcode == Opcode::kRead) {
       auto lr = regs.find(w.local_rkey);
       if (lr == regs.end() || lr->second.end != e.id) {
         Status why(Errc::kInvalidArgument, "local protection error: the local region of " +
@@ -514,9 +514,41 @@ struct Hub {
         push_cqe(p, std::move(r), false);
         break;
       }
+      case Opcode::kFlush:
+      case Opcode::kAtomicWrite: {
+        const bool flush = w.opcode == Opcode::kFlush;
+        auto reg = check_remote(p, w.rkey, w.addr, w.length,
+                                flush ? uint32_t{kRemoteFlush} : uint32_t{kRemoteAtomicWrite}, op);
+        Status done = reg.status();
+        if (done.ok() && flush) {
+          persist_range(w.addr, w.addr + w.length);
+          if ((*reg)->persist) {
+            ScopeDepth in_persist_fn(t_in_persist_fn);
+            done = (*reg)->persist(reinterpret_cast<const void*>(w.addr), w.length);
+          }
+        } else if (done.ok()) {
+          auto* remote = reinterpret_cast<std::byte*>(w.addr);
+          std::memcpy(remote, w.message.data(), sizeof(uint64_t));
+          if (Medium* m = medium_containing(w.addr, sizeof(uint64_t)); m != nullptr) {
+            trim(*m, w.addr, w.addr + sizeof(uint64_t));
+            m->pieces.push_back(Piece{w.seq, e.id, w.rkey, w.addr,
+                                      std::vector<std::byte>(remote, remote + sizeof(uint64_t))});
+          }
+        }
+        if (!done.ok()) {
+          c.status =
+              Status(done.code(), "peer " + e.peer_address + " refused " + std::string(op) +
+                                      " wr_id " + std::to_string(w.wr_id) + ": " + done.message());
+          Status mine = c.status;
+          push_cqe(e, std::move(c), true);
+          break_pair(e, mine,
+                     Status(done.code(), "refused a " + std::string(op) + " from peer " +
+                                             p.peer_address + ": " + done.message()));
+          return Exec::kDone;
+        }
+        break;
+      }
       case Opcode::kRecv:
-      case Opcode::kFlush:        // never queued: post_list refuses them
-      case Opcode::kAtomicWrite:  // (Connection::post_list)
         break;
     }
     if (e.fail_skip) --*e.fail_skip;
@@ -675,11 +707,12 @@ class FakeConnection final : public Connection {
       return Status(Errc::kInvalidArgument, "register_memory: empty region (addr " +
                                                 hex(reinterpret_cast<uint64_t>(addr)) +
                                                 ", length " + std::to_string(len) + ")");
-    if ((access & (kRemoteFlush | kRemoteAtomicWrite)) != 0)
+    if ((access & (kRemoteFlush | kRemoteAtomicWrite)) != 0 && !hub_->options.native_persistence)
       return Status(Errc::kUnsupported,
                     "register_memory: FLUSH and ATOMIC WRITE are the fabric's verbs (rdma where "
                     "the device has them); this transport has neither");
-    if ((access & ~uint32_t{kRemoteWrite | kRemoteRead | kPersistEachWrite}) != 0)
+    if ((access & ~uint32_t{kRemoteWrite | kRemoteRead | kPersistEachWrite | kRemoteFlush |
+                            kRemoteAtomicWrite}) != 0)
       return Status(Errc::kInvalidArgument, "register_memory: unknown access bits " + hex(access));
     if ((access & kPersistEachWrite) != 0 && ((access & kRemoteWrite) == 0 || !persist))
       return Status(Errc::kInvalidArgument,
@@ -729,6 +762,53 @@ class FakeConnection final : public Connection {
     w.rkey = remote.rkey;
     w.addr = remote.address + remote_offset;
     return post(std::move(w));
+  }
+
+  FabricPersistence fabric_persistence() const override {
+    FabricPersistence f;
+    if (!hub_->options.native_persistence) return f;
+    f.flush_global = f.flush_persistent = f.atomic_write = true;
+    f.verbs_api = f.can_post_flush = f.can_post_atomic_write = true;
+    return f;
+  }
+
+  // With native persistence: FLUSH and ATOMIC WRITE queue as operations of
+  // their own; everything else as the single posts (the seam's fallback).
+  Result<size_t> post_list(std::span<const WorkRequest> requests) override {
+    if (!hub_->options.native_persistence) return Connection::post_list(requests);
+    size_t posted = 0;
+    for (const WorkRequest& request : requests) {
+      Status status;
+      if (request.opcode == Opcode::kFlush || request.opcode == Opcode::kAtomicWrite) {
+        ScopeDepth fabric_code(fabric_code_depth);
+        Wr w;
+        w.wr_id = request.wr_id;
+        w.opcode = request.opcode;
+        w.rkey = request.remote.rkey;
+        w.addr = request.remote.address + request.remote_offset;
+        if (request.opcode == Opcode::kFlush) {
+          w.signaled = request.signaled;
+          w.length = request.length;
+        } else if (w.addr % sizeof(uint64_t) != 0) {
+          return Status(Errc::kInvalidArgument,
+                        "post_list: ATOMIC WRITE to an address that is not 8-byte aligned");
+        } else {
+          w.length = sizeof(uint64_t);
+          w.message.resize(sizeof(uint64_t));
+          std::memcpy(w.message.data(), &request.value, sizeof(uint64_t));
+        }
+        status = post(std::move(w));
+      } else {
+        PMIRROR_ASSIGN_OR_RETURN(size_t one, Connection::post_list({&request, 1}));
+        if (one == 0) return posted;
+        ++posted;
+        continue;
+      }
+      if (status.code() == Errc::kResourceExhausted) return posted;
+      PMIRROR_RETURN_IF_ERROR(status);
+      ++posted;
+    }
+    return posted;
   }
 
   Status post_send(std::span<const std::byte> message, uint64_t wr_id) override {

@@ -57,6 +57,12 @@ struct FabricOptions {
   // false: a Read does not make earlier Writes durable (rdma into a plain
   // file: only the owner's persist does -- GPSPM only).
   bool read_flushes = true;
+  // The fabric's remote persistence verbs, as 6.12's rxe has them:
+  // connections report FLUSH (persistent) and ATOMIC WRITE and post_list
+  // takes them. A FLUSH makes its range of the peer's registration durable
+  // (calling its PersistFn, which failing fails the FLUSH and breaks the
+  // connection); an ATOMIC WRITE places 8 bytes, not durable until flushed.
+  bool native_persistence = false;
 };
 
 struct CrashOptions {

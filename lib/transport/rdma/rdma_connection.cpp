@@ -551,16 +551,20 @@ Status RdmaConnection::post_requests(std::span<const WorkRequest> requests) {
         wr = ibv_send_wr{};
         const uint64_t seq = next_seq_ + n;
         const bool last = i + 1 == pieces;
-        // Always signaled: a FLUSH's completion is the persist's answer.
-        ring_[seq % sq_depth_] = WrRecord{request.wr_id, request.opcode, last, last, -1};
+        // An ATOMIC WRITE always completes, a FLUSH as asked (and every
+        // signal_every_, as Writes, so that the queue drains).
+        const bool wanted = last && (!flush || request.signaled);
+        const bool sig = wanted || run + 1 >= signal_every_;
+        run = sig ? 0 : run + 1;
+        ring_[seq % sq_depth_] = WrRecord{request.wr_id, request.opcode, wanted, last, -1};
         const uint64_t off = uint64_t{i} * piece_max;
         wr.wr_id = seq;
         wr.opcode = flush ? IBV_WR_FLUSH : IBV_WR_ATOMIC_WRITE;
-        wr.send_flags = IBV_SEND_SIGNALED | (request.fence && i == 0 ? IBV_SEND_FENCE : 0);
+        wr.send_flags =
+            (sig ? IBV_SEND_SIGNALED : 0) | (request.fence && i == 0 ? IBV_SEND_FENCE : 0);
         wr.wr.rdma.remote_addr = request.remote.address + request.remote_offset + off;
         wr.wr.rdma.rkey = request.remote.rkey;
         wr_extra_scratch_[n] = flush ? std::min<uint64_t>(piece_max, len - off) : request.value;
-        run = 0;
         ++n;
       }
       continue;
@@ -648,7 +652,10 @@ Status RdmaConnection::post_extended_locked(std::span<ibv_send_wr> wrs, size_t* 
   for (size_t i = 0; i < wrs.size(); ++i) {
     const ibv_send_wr& wr = wrs[i];
     qpx->wr_id = wr.wr_id;
-    qpx->wr_flags = wr.send_flags & ~static_cast<unsigned>(IBV_SEND_INLINE);
+    // IBV_SEND_INLINE stays: ibv_wr_set_inline_data alone is enough for
+    // some providers, but rxe's kernel side reads the flag to tell inline
+    // bytes from a scatter list (found in the 6.12 guest).
+    qpx->wr_flags = wr.send_flags;
     const uint32_t rkey = wr.wr.rdma.rkey;
     const uint64_t remote = wr.wr.rdma.remote_addr;
     switch (wr.opcode) {
@@ -696,7 +703,6 @@ Status RdmaConnection::post_chain_locked(std::span<ibv_send_wr> wrs, std::string
     size_t posted = 0;
     Status status = post_extended_locked(wrs, &posted);
     if (status.ok()) {
-      unsignaled_run_ = 0;  // it ends with a signaled FLUSH or ATOMIC WRITE, or has one
       for (const ibv_send_wr& wr : wrs)
         unsignaled_run_ = (wr.send_flags & IBV_SEND_SIGNALED) != 0 ? 0 : unsignaled_run_ + 1;
       next_seq_ += posted;

@@ -597,7 +597,14 @@ class CrashTest : public ::testing::Test {
     }
     EXPECT_FALSE(dry.crashed);
     EXPECT_EQ(dry.acked, s.records) << "the workload fails without a crash";
-    EXPECT_EQ(dry.method, s.apm == config::ApmPolicy::kOff ? "gpspm" : "apm");
+    // Native flush: where the fabric has FLUSH and the target's copy is
+    // pmem (PMEM_IS_PMEM_FORCE in these tests).
+    const char* forced = std::getenv("PMEM_IS_PMEM_FORCE");
+    const bool native = s.fabric.native_persistence && forced != nullptr &&
+                        std::string_view(forced) == "1";
+    EXPECT_EQ(dry.method, s.apm == config::ApmPolicy::kOff ? "gpspm"
+                          : native                         ? "native-flush"
+                                                           : "apm");
     Verdict clean = check(s, dry, true);
     EXPECT_TRUE(clean.violations.empty()) << "without a crash:" << clean.text();
     EXPECT_EQ(clean.intact, s.records);
@@ -868,6 +875,29 @@ TEST_F(CrashTest, OrderedGroupsUnderPlacementOrderKeepAGroupBoundaryPlusOne) {
       << "the groups still carry flush Reads: the target did not declare placement order";
   EXPECT_EQ(c.torn, 0u) << "a Write was placed but not persisted before the next operation";
   EXPECT_GT(c.unacked_survived, 0u) << "some crash kept placed groups of an unacknowledged persist";
+}
+
+// Native flush (issue 26): the fabric has FLUSH and the copy is pmem, so
+// the target declares it and the initiator flushes each persist's ranges
+// with FLUSHes instead of a Read -- here a Read flushes nothing
+// (read_flushes = false), and placed bytes no FLUSH covered survive in any
+// subset, word by word (the cache writes back what it likes). A crash at
+// every operation, 8 persists in flight, plain and as ordered groups,
+// leaves a persist (or group) boundary plus part of the next.
+TEST_F(CrashTest, NativeFlushCrashKeepsABoundaryPlusOne) {
+  ASSERT_EQ(setenv("PMEM_IS_PMEM_FORCE", "1", 1), 0);
+  for (bool groups : {false, true}) {
+    SCOPED_TRACE(groups ? "ordered groups" : "persists");
+    Scenario s = ordered_groups_scenario(config::ApmPolicy::kOn);
+    s.ordered_groups = groups;
+    s.fabric.native_persistence = true;
+    s.fabric.read_flushes = false;
+    Coverage c = sweep(s);
+    EXPECT_GT(c.torn, 0u);
+    EXPECT_GT(c.unacked_survived, 0u) << "some crash kept flushed, unacknowledged persists";
+    if (HasFailure()) break;
+  }
+  unsetenv("PMEM_IS_PMEM_FORCE");
 }
 
 // The checker catches a later persist that landed before an earlier one.

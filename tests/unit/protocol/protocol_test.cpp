@@ -147,6 +147,7 @@ class Gen {
         m.rkey = static_cast<uint32_t>(u64());
         m.methods = static_cast<uint32_t>(below(4));
         if ((m.methods & kMethodApm) != 0 && below(2) == 1) m.methods |= kMethodPlacementOrder;
+        if ((m.methods & kMethodApm) != 0 && below(2) == 1) m.methods |= kMethodNativeFlush;
         m.generation = u64();
         m.last_sequence = u64();
         m.recv_slots = static_cast<uint32_t>(u64());
@@ -549,14 +550,15 @@ TEST(ProtocolDecodeTest, RejectsBadIdentities) {
 
 TEST(ProtocolDecodeTest, RejectsUndefinedHelloFlags) {
   Bytes b = encoded(Hello(sample_hello()));
-  put_le(b, b.size() - 4, 0x18, 4);
+  put_le(b, b.size() - 4, 0x28, 4);
   expect_rejected(b,
-                  "Hello.flags has undefined bits 0x10 (defined: cumulative acks 0x1, fence 0x2, "
-                  "lineage 0x4, placement order 0x8)");
-  put_le(b, b.size() - 4, kHelloPlacementOrder | kHelloCumulativeAcks, 4);
+                  "Hello.flags has undefined bits 0x20 (defined: cumulative acks 0x1, fence 0x2, "
+                  "lineage 0x4, placement order 0x8, native flush 0x10)");
+  put_le(b, b.size() - 4, kHelloPlacementOrder | kHelloCumulativeAcks | kHelloNativeFlush, 4);
   auto decoded = decode(b);
   ASSERT_TRUE(decoded.ok()) << decoded.status().to_string();
-  EXPECT_EQ(std::get<Hello>(*decoded).flags, kHelloPlacementOrder | kHelloCumulativeAcks);
+  EXPECT_EQ(std::get<Hello>(*decoded).flags,
+            kHelloPlacementOrder | kHelloCumulativeAcks | kHelloNativeFlush);
 }
 
 TEST(ProtocolTest, GoldenHelloWithLineageBytes) {
@@ -620,10 +622,14 @@ TEST(ProtocolDecodeTest, RejectsUndefinedMethodBits) {
   VolumeDescriptor d;
   d.methods = kMethodApm | kMethodGpspm;
   Bytes b = encoded(d);
-  put_le(b, kHeaderSize + 20, 0xf, 4);
-  expect_rejected(b, "VolumeDescriptor.methods has undefined bits 0x8");
+  put_le(b, kHeaderSize + 20, 0x1f, 4);
+  expect_rejected(b, "VolumeDescriptor.methods has undefined bits 0x10");
   put_le(b, kHeaderSize + 20, kMethodPlacementOrder | kMethodGpspm, 4);
   expect_rejected(b, "placement order (0x4) without APM (0x1)");
+  put_le(b, kHeaderSize + 20, kMethodNativeFlush | kMethodGpspm, 4);
+  expect_rejected(b, "native flush (0x8) without APM (0x1)");
+  put_le(b, kHeaderSize + 20, kMethodNativeFlush | kMethodApm, 4);
+  ASSERT_TRUE(decode(b).ok());
   put_le(b, kHeaderSize + 20, kMethodPlacementOrder | kMethodApm, 4);
   auto decoded = decode(b);
   ASSERT_TRUE(decoded.ok()) << decoded.status().to_string();
@@ -817,8 +823,8 @@ TEST(ProtocolEncodeTest, RefusesMessagesOutsideTheLimits) {
   h.volume = std::string(kMaxNameLength + 1, 'a');
   EXPECT_THAT(encode(h, out).message(), HasSubstr("volume name is 65 bytes"));
   h = sample_hello();
-  h.flags = 0x18;
-  EXPECT_THAT(encode(h, out).message(), HasSubstr("Hello.flags has undefined bits 0x10"));
+  h.flags = 0x38;
+  EXPECT_THAT(encode(h, out).message(), HasSubstr("Hello.flags has undefined bits 0x20"));
 
   ErrorReply e{Errc::kOk, "fine"};
   EXPECT_THAT(encode(e, out).message(), HasSubstr("ErrorReply.code 0 is not a known"));

@@ -402,6 +402,78 @@ TEST(FakeCrash, WritesBeforeAReadSurviveLaterOnesAreDropped) {
   EXPECT_NE(pc[0].status.message().find("crashed"), std::string::npos);
 }
 
+// With native persistence (FabricOptions::native_persistence, 6.12's rxe
+// in the fake): a FLUSH makes exactly its range durable -- not the other
+// Writes before it, unlike a Read -- calling the registration's PersistFn
+// on it; an ATOMIC WRITE places its word, durable once flushed; a FLUSH the
+// registration does not allow fails and breaks the connection. Without it,
+// both are refused before anything is posted.
+TEST(FakeCrash, NativeFlushMakesItsRangeDurableAndNothingElse) {
+  FabricOptions fo;
+  fo.native_persistence = true;
+  fo.read_flushes = false;
+  auto p = make_pair({}, fo);
+  ASSERT_TRUE(p.active->fabric_persistence().can_post_flush);
+  std::vector<std::byte> remote(4096, std::byte{0}), local(4096, std::byte{7});
+  std::vector<std::pair<const void*, size_t>> persisted;
+  auto rmr = p.passive->register_memory(
+      remote.data(), remote.size(), kRemoteWrite | kRemoteFlush | kRemoteAtomicWrite,
+      [&](const void* addr, size_t len) {
+        persisted.emplace_back(addr, len);
+        return Status::Ok();
+      });
+  ASSERT_TRUE(rmr.ok()) << rmr.status().to_string();
+  auto lmr = p.active->register_memory(local.data(), local.size(), kLocalOnly);
+  ASSERT_TRUE(lmr.ok());
+  const RemoteKey key = (*rmr)->remote_key();
+  const WorkRequest list[] = {
+      WorkRequest::write(**lmr, 0, 64, key, 0, 1, false),
+      WorkRequest::write(**lmr, 0, 64, key, 1024, 2, false),
+      WorkRequest::flush(key, 0, 64, 3),
+      WorkRequest::atomic_write(key, 2048, 0x0102030405060708, 4, true),
+  };
+  auto posted = p.active->post_list(list);
+  ASSERT_TRUE(posted.ok()) << posted.status().to_string();
+  ASSERT_EQ(*posted, 4u);
+  auto c = wait_for(*p.active, 2);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0].opcode, Opcode::kFlush);
+  EXPECT_EQ(c[1].opcode, Opcode::kAtomicWrite);
+  ASSERT_EQ(persisted.size(), 1u);
+  EXPECT_EQ(persisted[0].first, remote.data());
+  EXPECT_EQ(persisted[0].second, 64u);
+  uint64_t word = 0;
+  std::memcpy(&word, remote.data() + 2048, 8);
+  EXPECT_EQ(word, 0x0102030405060708u);
+  p.fabric->crash("target");
+  EXPECT_EQ(remote[0], std::byte{7}) << "the flushed Write survives";
+  EXPECT_EQ(remote[1024], std::byte{0}) << "the Write no FLUSH covered is dropped";
+  EXPECT_EQ(remote[2048], std::byte{0}) << "the word no FLUSH covered is dropped";
+
+  // A registration without kRemoteFlush: the FLUSH fails, the pair breaks.
+  auto q = make_pair({}, fo);
+  std::vector<std::byte> plain(4096);
+  auto pmr = q.passive->register_memory(plain.data(), plain.size(), kRemoteWrite);
+  ASSERT_TRUE(pmr.ok());
+  const WorkRequest flush = WorkRequest::flush((*pmr)->remote_key(), 0, 64, 9);
+  ASSERT_TRUE(q.active->post_list({&flush, 1}).ok());
+  auto refused = wait_for(*q.active, 1);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_EQ(refused[0].status.code(), Errc::kPermissionDenied) << refused[0].status.to_string();
+
+  // A fabric without them: refused up front.
+  auto r = make_pair();
+  EXPECT_FALSE(r.active->fabric_persistence().can_post_flush);
+  EXPECT_EQ(r.passive->register_memory(plain.data(), plain.size(), kRemoteWrite | kRemoteFlush)
+                .status()
+                .code(),
+            Errc::kUnsupported);
+  auto rmr2 = r.passive->register_memory(plain.data(), plain.size(), kRemoteWrite);
+  ASSERT_TRUE(rmr2.ok());
+  const WorkRequest no = WorkRequest::flush((*rmr2)->remote_key(), 0, 64, 10);
+  EXPECT_EQ(r.active->post_list({&no, 1}).status().code(), Errc::kUnsupported);
+}
+
 TEST(FakeCrash, ARegistrationCrashRollsBackOnlyItsMedium) {
   Mirror m(4096);
   std::vector<std::byte> other(4096);
