@@ -55,7 +55,7 @@ if [[ ${PMIRROR_SKIP_ASAN:-0} != 1 ]]; then
   # in turn: the same paths hundreds of times, about 45 s of the release
   # pass and three times that here); the several-writers, both-sides and
   # initiator-process crash tests stay.
-  asan_skip="${sanitizer_skip%)\$}|CrashTest\.(Apm|Gpspm)(Target|Async).*|CrashTest\.OrderedGroups.*)\$"
+  asan_skip="${sanitizer_skip%)\$}|CrashTest\.(Apm|Gpspm)(Target|Async).*|CrashTest\.(OrderedGroups|NativeFlush).*)\$"
   (cd "$repo/build-asan" && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --timeout 900 -j 2 \
     -E "$asan_skip")
 fi
@@ -82,7 +82,7 @@ if [[ ${PMIRROR_SKIP_TSAN:-0} != 1 ]]; then
   # several-writers ones stay), the installed-tree programs (a cmake build
   # of two programs) and the Pacemaker agent's. The other passes run them; docs/testing.md, "Time each
   # stage takes".
-  tsan_skip='^(InsufficientTest\.APersistWiderThanTheActivityLogArrivesWhole|MetadataTest\..*SurviveSigkill|RecoveryTest\.PromotedReplicaResyncsTheReturningOldPrimary|FailoverTest\..*|EtcdClient[A-Za-z]*\..*|CrashTest\.(Apm|Gpspm)(Target|Async).*|CrashTest\.OrderedGroups.*|CrashTest\.(BothSides|Negative|InitiatorProcess).*|external_programs_mirror_through_the_installed_tree|ocf_agent)$'
+  tsan_skip='^(InsufficientTest\.APersistWiderThanTheActivityLogArrivesWhole|MetadataTest\..*SurviveSigkill|RecoveryTest\.PromotedReplicaResyncsTheReturningOldPrimary|FailoverTest\..*|EtcdClient[A-Za-z]*\..*|CrashTest\.(Apm|Gpspm)(Target|Async).*|CrashTest\.(OrderedGroups|NativeFlush).*|CrashTest\.(BothSides|Negative|InitiatorProcess).*|external_programs_mirror_through_the_installed_tree|ocf_agent)$'
   (cd "$repo/build-tsan" &&
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 log_path=$reports/tsan suppressions=$repo/tests/sanitizers/tsan.supp" \
       ctest --output-on-failure --timeout 900 -j 2 -E "$tsan_skip") || tsan_status=$?
