@@ -20,7 +20,8 @@ ulimit -l unlimited
 echo "== rdma transport tests (rxe0, devdax, fsdax)"
 "$build/tests/unit/transport_rdma/transport_rdma_test" --gtest_brief=1
 echo "== data path over rdma (devdax target + file target)"
-"$build/tests/integration/data_path_test" --gtest_brief=1 --gtest_filter='DataPathTest.*:DaemonTest.Fsdax*'
+PMIRROR_TEST_TIME_SCALE=${PMIRROR_TEST_TIME_SCALE:-10} \
+  "$build/tests/integration/data_path_test" --gtest_brief=1 --gtest_filter='DataPathTest.*:DaemonTest.Fsdax*'
 echo "== cluster status over rdma (a replica stopped, restarted, resynced; reload)"
 "$build/tests/integration/cluster_test" --gtest_brief=1
 echo "== replica recovery over rdma (kill -9 target/initiator, promote, split brain, verify)"

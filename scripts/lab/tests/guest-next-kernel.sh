@@ -29,5 +29,6 @@ echo "== kernel $(uname -r): rdma transport tests (rxe0, devdax, fsdax)"
 "$build/tests/unit/transport_rdma/transport_rdma_test" --gtest_brief=1
 ((data_path)) || exit 0
 echo "== kernel $(uname -r): data path over rdma (devdax target + file target)"
-"$build/tests/integration/data_path_test" --gtest_brief=1 \
+PMIRROR_TEST_TIME_SCALE=${PMIRROR_TEST_TIME_SCALE:-10} \
+  "$build/tests/integration/data_path_test" --gtest_brief=1 \
   --gtest_filter='DataPathTest.*:DaemonTest.Fsdax*'
