@@ -648,7 +648,10 @@ Status RdmaConnection::post_extended_locked(std::span<ibv_send_wr> wrs, size_t* 
   for (size_t i = 0; i < wrs.size(); ++i) {
     const ibv_send_wr& wr = wrs[i];
     qpx->wr_id = wr.wr_id;
-    qpx->wr_flags = wr.send_flags & ~static_cast<unsigned>(IBV_SEND_INLINE);
+    // IBV_SEND_INLINE stays: ibv_wr_set_inline_data alone is enough for
+    // some providers, but rxe's kernel side reads the flag to tell inline
+    // bytes from a scatter list (found in the 6.12 guest).
+    qpx->wr_flags = wr.send_flags;
     const uint32_t rkey = wr.wr.rdma.rkey;
     const uint64_t remote = wr.wr.rdma.remote_addr;
     switch (wr.opcode) {

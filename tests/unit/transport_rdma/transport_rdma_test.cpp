@@ -409,12 +409,14 @@ TEST_F(RdmaTransport, NativeFlushAndAtomicWriteReachPmem) {
       WorkRequest::write(**smr, 0, src.size() / 2, key, 1 << 20, 1, false),
       WorkRequest::write(**smr, src.size() / 2, src.size() / 2, key, (1 << 20) + src.size() / 2,
                          2, false),
+      // Small enough to travel inline (in the WQE: rxe needs the flag).
+      WorkRequest::write(**smr, 0, 64, key, 4096, 5, false),
       WorkRequest::flush(key, 1 << 20, src.size(), 3),
       WorkRequest::atomic_write(key, 0, kWord, 4, /*fence=*/true),
   };
   auto posted = p.active->post_list(list);
   ASSERT_TRUE(posted.ok()) << posted.status().to_string();
-  ASSERT_EQ(*posted, 4u);
+  ASSERT_EQ(*posted, 5u);
   auto c = wait_for(*p.active, 2);
   ASSERT_EQ(c.size(), 2u);
   for (const Completion& done : c) ASSERT_TRUE(done.status.ok()) << done.status.to_string();
@@ -423,6 +425,7 @@ TEST_F(RdmaTransport, NativeFlushAndAtomicWriteReachPmem) {
   EXPECT_EQ(c[1].wr_id, 4u);
   EXPECT_EQ(c[1].opcode, Opcode::kAtomicWrite);
   EXPECT_EQ(std::memcmp(static_cast<std::byte*>(m.addr) + (1 << 20), src.data(), src.size()), 0);
+  EXPECT_EQ(std::memcmp(static_cast<std::byte*>(m.addr) + 4096, src.data(), 64), 0);
   uint64_t word = 0;
   std::memcpy(&word, m.addr, sizeof word);
   EXPECT_EQ(word, kWord);
