@@ -822,6 +822,10 @@ void print_volume_settings(std::string& out, const pmirror::config::ClusterVolum
   line("secret", v.secret_file.empty() ? "\"<given inline in the file; not shown>\""
                                        : json("<secret from " + v.secret_file + ">").dump());
   line("apm", v.apm == ApmPolicy::kOn ? "on" : v.apm == ApmPolicy::kOff ? "off" : "auto");
+  line("native_persistence",
+       v.native_persistence == pmirror::config::NativePersistence::kFlush ? "flush"
+       : v.native_persistence == pmirror::config::NativePersistence::kOff ? "off"
+                                                                          : "auto");
   line("poll", std::string(pmirror::transport::poll_mode_name(v.poll)));
   line("chunk", bytes_value(v.chunk));
   line("resync_rate", v.resync_rate == 0 ? "unlimited"

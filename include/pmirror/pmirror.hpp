@@ -161,7 +161,7 @@ struct ReplicaStatus {
   std::string transport = "tcp";  // "tcp" or "rdma"
   ReplicaState state = ReplicaState::kClosed;
   std::string connection;  // the supervisor's state: connecting, connected, syncing, ...
-  std::string method;      // "native-flush", "apm" or "gpspm"
+  std::string method;      // "one-sided-commit", "native-flush", "apm" or "gpspm"
   uint64_t generation = 0;
   uint64_t acknowledged_sequence = 0;  // highest sequence durable on the replica
   uint64_t resynced_bytes = 0;         // copied by the last resync

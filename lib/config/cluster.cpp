@@ -61,11 +61,16 @@ constexpr uint64_t kMaxUnauthenticatedLimit = 65536;
 constexpr std::string_view kNodeKeys[] = {"name",    "address",    "port",           "transport",
                                           "listen",  "state_pool", "control_socket", "log_level",
                                           "metrics", "lease_dir"};
-constexpr std::string_view kVolumeKeys[] = {
-    "name",    "size",  "primary",     "replicas",          "ack",      "on_insufficient",
-    "path",    "paths", "create",      "allowed_peers",     "secret",   "secret_file",
-    "apm",     "chunk", "resync_rate", "after_split_brain", "metadata", "poll",
-    "failover"};
+constexpr std::string_view kVolumeKeys[] = {"name",        "size",
+                                            "primary",     "replicas",
+                                            "ack",         "on_insufficient",
+                                            "path",        "paths",
+                                            "create",      "allowed_peers",
+                                            "secret",      "secret_file",
+                                            "apm",         "chunk",
+                                            "resync_rate", "after_split_brain",
+                                            "metadata",    "poll",
+                                            "failover",    "native_persistence"};
 // `failover` (docs/failover.md, section 2).
 constexpr std::string_view kFailoverKeys[] = {"engine", "etcd"};
 constexpr std::string_view kEngines[] = {"none", "etcd", "pacemaker"};
@@ -1215,6 +1220,15 @@ class Parser {
       constexpr std::string_view kPolicies[] = {"auto", "on", "off"};
       if (auto v = one_of(*e, context + ".apm", kPolicies)) {
         volume.apm = *v == "on" ? ApmPolicy::kOn : *v == "off" ? ApmPolicy::kOff : ApmPolicy::kAuto;
+      }
+    }
+
+    if (auto* e = find(keys, "native_persistence")) {
+      constexpr std::string_view kChoices[] = {"auto", "flush", "off"};
+      if (auto v = one_of(*e, context + ".native_persistence", kChoices)) {
+        volume.native_persistence = *v == "flush" ? NativePersistence::kFlush
+                                    : *v == "off" ? NativePersistence::kOff
+                                                  : NativePersistence::kAuto;
       }
     }
 

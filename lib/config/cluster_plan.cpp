@@ -184,6 +184,7 @@ Result<DaemonConfig> daemon_config_for(const ClusterConfig& cluster, const std::
     served.allowed_peers = volume.allowed_peers;
     served.secret = std::move(*secret);
     served.apm = volume.apm;
+    served.native_persistence = volume.native_persistence;
     served.metadata_path = metadata_path_of(volume, node);
     served.chunk = volume.chunk;
     served.poll = volume.poll;

@@ -64,6 +64,11 @@ constexpr size_t kMaxDocumentNodes = 100000;
 // persistence domain (DDIO off or eADR). auto: promise it when the volume is
 // pmem; on: always (operator asserts the platform); off: never (GPSPM only).
 enum class ApmPolicy { kAuto, kOn, kOff };
+// The fabric's own persistence verbs (rdma devices with FLUSH and ATOMIC
+// WRITE, docs/protocol.md section 5): auto: one-sided commit where the
+// device and the copy allow it, else native flush; flush: native flush
+// only (bookkeeping by Send); off: neither (APM's Read, or GPSPM).
+enum class NativePersistence { kAuto, kFlush, kOff };
 
 // What a primary does when fewer than `ack` replicas are reachable.
 // kFail: persists return an error; kBlock: persists wait for replicas.
@@ -179,6 +184,7 @@ struct ClusterVolume {
   bool create = false;
   std::vector<std::string> allowed_peers;
   ApmPolicy apm = ApmPolicy::kAuto;
+  NativePersistence native_persistence = NativePersistence::kAuto;
   // How the primary's and the targets' threads wait for this volume's
   // completions (`poll: busy | adaptive | event`).
   transport::PollMode poll = transport::PollMode::kAdaptive;
@@ -226,6 +232,7 @@ struct VolumeConfig {
   std::vector<std::string> allowed_peers;
   std::string secret;  // resolved: from `secret` or the contents of `secret_file`
   ApmPolicy apm = ApmPolicy::kAuto;
+  NativePersistence native_persistence = NativePersistence::kAuto;
   transport::PollMode poll = transport::PollMode::kAdaptive;  // the session threads'
   std::string metadata_path;                                  // this node's copy metadata pool
   uint64_t chunk = 64 * 1024;

@@ -19,6 +19,10 @@ constexpr uint64_t kResyncTag = 1ull << 60;
 // The flush Read between two groups of an ordered persist: its completion
 // completes nothing (the persist's last Read does).
 constexpr uint64_t kGroupFlushTag = 1ull << 59;
+// One-sided commit: the ATOMIC WRITE of a persist's sequence into the
+// target's commit word, and a FLUSH of the word when the replica is idle.
+constexpr uint64_t kCommitWordTag = 1ull << 58;
+constexpr uint64_t kCommitWordFlushTag = 1ull << 57;
 constexpr uint64_t kSequenceMask = (1ull << 56) - 1;
 // The read-after-write flush reads this many bytes (as librpma and librpmem do).
 constexpr uint64_t kFlushReadSize = 8;
@@ -74,7 +78,8 @@ Status Replica::handshake(const Setup& setup) {
   hello.identity = setup.options.identity;
   hello.client_nonce = *client_nonce;
   hello.flags = protocol::kHelloCumulativeAcks | protocol::kHelloLineage |
-                protocol::kHelloPlacementOrder | protocol::kHelloNativeFlush;
+                protocol::kHelloPlacementOrder | protocol::kHelloNativeFlush |
+                protocol::kHelloOneSidedCommit;
   hello.lineage = setup.lineage;
   PMIRROR_RETURN_IF_ERROR(messenger_->send(hello));
 
@@ -124,6 +129,13 @@ Status Replica::handshake(const Setup& setup) {
   // placed data through (docs/transport-rdma.md, "Native persistence").
   native_flush_ = apm_ && (descriptor->methods & protocol::kMethodNativeFlush) != 0 &&
                   connection_->fabric_persistence().can_post_flush;
+  one_sided_commit_ = native_flush_ &&
+                      (descriptor->methods & protocol::kMethodOneSidedCommit) != 0 &&
+                      connection_->fabric_persistence().can_post_atomic_write;
+  if (one_sided_commit_) {
+    commit_word_ = {descriptor->commit_address, descriptor->commit_rkey, sizeof(uint64_t)};
+    commit_word_posted_ = commit_word_flushed_ = descriptor->last_sequence;
+  }
   placed_in_order_ = apm_ && !native_flush_ &&
                      (kind == transport::Kind::kRdma ||
                       (descriptor->methods & protocol::kMethodPlacementOrder) != 0);
@@ -160,8 +172,9 @@ Status Replica::handshake(const Setup& setup) {
                              connection_->register_memory(setup.staging_base, setup.staging_size,
                                                           transport::kLocalOnly));
   }
-  // Native flush adds up to kMaxFlushSpans FLUSHes per group.
-  post_scratch_.reserve(kMaxRangesPerPersist * (native_flush_ ? 2 : 1) + 2);
+  // Native flush adds up to kMaxFlushSpans FLUSHes per group, one-sided
+  // commit an ATOMIC WRITE.
+  post_scratch_.reserve(kMaxRangesPerPersist * (native_flush_ ? 2 : 1) + 3);
   last_heard_ = last_sent_ = Clock::now();
   log::debug("replica {}: session open, method {}, session generation {}, last sequence {}", label_,
              placed_in_order_ ? "apm, placement order" : method_name(), generation_,
@@ -348,12 +361,21 @@ Status Replica::post_write_flush(uint64_t sequence, std::span<const protocol::Ra
     if (native_flush_) {
       push_flushes(group_begin, ranges.size(), tag);
       completes_from = list.size();  // the signaled FLUSH is the last of them
+      if (one_sided_commit_ && !copy) {
+        // The sequence into the target's commit word, fenced: not sent
+        // before the FLUSHes before it completed, so the word never names
+        // a persist whose bytes are not durable. Off the acknowledgement
+        // path: the persist is durable at its last FLUSH's completion.
+        list.push_back(transport::WorkRequest::atomic_write(
+            commit_word_, 0, sequence, kCommitWordTag | (sequence & kSequenceMask),
+            /*fence=*/true));
+      }
     } else {
       uint64_t flush_offset = std::min(ranges.back().offset, remote_size_ - kFlushReadSize);
       list.push_back(transport::WorkRequest::read(*flush_region_, 0, kFlushReadSize, remote_,
                                                   flush_offset, tag));
     }
-    if (!copy) {
+    if (!copy && !one_sided_commit_) {
       // capacity reserved; post_persist made room (post_pending_commit)
       commit_ranges.insert(commit_ranges.end(), ranges.begin(), ranges.end());
       ++uncommitted_persists_;
@@ -398,7 +420,7 @@ Status Replica::post_write_flush(uint64_t sequence, std::span<const protocol::Ra
   if (posted < completes_from) {
     // Without may_wait: nothing of it will complete, the replica is as it
     // was (a Write posted alone may still land: harmless, see post_persist).
-    if (apm_ && !copy) {
+    if (apm_ && !copy && !one_sided_commit_) {
       commit_ranges.resize(committed_before);
       --uncommitted_persists_;
     }
@@ -407,6 +429,7 @@ Status Replica::post_write_flush(uint64_t sequence, std::span<const protocol::Ra
                                                 " persists unacknowledged)");
   }
   if (apm_ && !copy) last_persist_posted_ = now;
+  if (one_sided_commit_ && !copy && posted == count) commit_word_posted_ = sequence;
   // Under APM without may_wait the Commit may be left out: it is
   // bookkeeping only, and stays pending for a later one; the persist is
   // durable once its Read completes.
@@ -466,6 +489,7 @@ size_t Replica::uncommitted() const {
 }
 
 Status Replica::commit_if_idle(Clock::time_point now) {
+  if (one_sided_commit_) return flush_commit_word_if_idle(now);
   if (failed() || uncommitted() == 0 || credits_ == 0) return Status::Ok();
   // Not behind a persist or copy in flight (a Send after a Read being
   // retransmitted can stall Soft-RoCE, see heartbeat()), and not between
@@ -475,6 +499,23 @@ Status Replica::commit_if_idle(Clock::time_point now) {
   auto took = connection_->post_list(std::span(&request, 1));
   if (!took.ok()) return fail(took.status());
   if (*took == 1) committed(now);  // otherwise the send queue is full: later
+  return Status::Ok();
+}
+
+// One-sided commit: the commit word's last ATOMIC WRITE is made durable by
+// a FLUSH of its own once the replica is quiet (as a Commit would be sent),
+// so that after a crash of the target the word trails the durable persists
+// by no more than those since the last quiet spell. Its completion
+// completes nothing: the word is the target's bookkeeping, not a persist.
+Status Replica::flush_commit_word_if_idle(Clock::time_point now) {
+  if (failed() || commit_word_flushed_ == commit_word_posted_) return Status::Ok();
+  if (awaits_answer() || now - last_persist_posted_ < kCommitWhenIdleFor) return Status::Ok();
+  transport::WorkRequest flush =
+      transport::WorkRequest::flush(commit_word_, 0, sizeof(uint64_t), kCommitWordFlushTag);
+  flush.fence = true;  // behind the ATOMIC WRITE it makes durable
+  auto took = connection_->post_list(std::span(&flush, 1));
+  if (!took.ok()) return fail(took.status());
+  if (*took == 1) commit_word_flushed_ = commit_word_posted_;  // otherwise: later
   return Status::Ok();
 }
 
@@ -696,6 +737,15 @@ Status Replica::handle_completion(const transport::Completion& completion) {
   if ((completion.wr_id & kGroupFlushTag) != 0 && flush) return Status::Ok();
   if ((completion.wr_id & kResyncTag) != 0 && flush) {
     resync_outstanding_ = false;
+    return Status::Ok();
+  }
+  if ((completion.wr_id & kCommitWordTag) != 0 &&
+      completion.opcode == transport::Opcode::kAtomicWrite) {
+    // The word holds this sequence on the target: what it has recorded.
+    const InFlightPersist* oldest = ledger_ ? ledger_->oldest_pending(index_) : nullptr;
+    uint64_t base = oldest == nullptr ? commit_word_posted_ & ~kSequenceMask
+                                      : oldest->sequence & ~kSequenceMask;
+    acknowledged_ = std::max(acknowledged_, base | (completion.wr_id & kSequenceMask));
     return Status::Ok();
   }
   if ((completion.wr_id & kReadTag) != 0 && flush) {

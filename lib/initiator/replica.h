@@ -179,10 +179,13 @@ class Replica {
   // reports it too.
   void abandon(const Status& why);
   bool uses_apm() const { return apm_; }
-  // "native-flush", "apm" or "gpspm": how this replica's persists become
+  // "one-sided-commit", "native-flush", "apm" or "gpspm": how this replica's persists become
   // durable (status: `method`).
   const char* method_name() const {
-    return native_flush_ ? "native-flush" : apm_ ? "apm" : "gpspm";
+    return one_sided_commit_ ? "one-sided-commit"
+           : native_flush_   ? "native-flush"
+           : apm_            ? "apm"
+                             : "gpspm";
   }
   // APM: persists recorded on the target by no Commit yet (their Commit
   // comes with a later persist, or from commit_if_idle()).
@@ -232,6 +235,7 @@ class Replica {
   // Posts the pending Commit alone (its receive slot awaited as
   // await_credit(may_wait) does).
   Status post_pending_commit(bool may_wait);
+  Status flush_commit_word_if_idle(std::chrono::steady_clock::time_point now);
   // The pending Commit, encoded for a post_list; the caller posts it and
   // then calls committed().
   Result<transport::WorkRequest> encode_commit();
@@ -264,6 +268,14 @@ class Replica {
   // the flush Read, and each persist's (and group's) first Write is fenced
   // behind the FLUSHes before it (placement is not durability there).
   bool native_flush_ = false;
+  // With native flush, the target declared one-sided commit and this
+  // connection can post ATOMIC WRITE: each persist's sequence goes into the
+  // target's commit word with an ATOMIC WRITE fenced behind its FLUSHes,
+  // and no Commit is sent (docs/protocol.md, "One-sided commit").
+  bool one_sided_commit_ = false;
+  transport::RemoteKey commit_word_;
+  uint64_t commit_word_posted_ = 0;           // the last sequence ATOMIC WRITTEN into the word
+  uint64_t commit_word_flushed_ = 0;          // the last one a FLUSH of the word was posted for
   std::vector<protocol::Range> flush_spans_;  // post_write_flush's scratch
   uint64_t generation_ = 0;
   uint64_t remote_last_sequence_ = 0;

@@ -1,6 +1,7 @@
 #include "metadata/metadata.h"
 
 #include <fcntl.h>
+#include <libpmem.h>
 #include <libpmemobj.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -85,12 +86,21 @@ struct PoolHeader {
   uint64_t fence_generation;
   uint64_t fenced_unix_ns;
   char fence_node[kPeerNameField];
-  uint8_t reserved[24];
+  // One-sided commit (docs/protocol.md, "One-sided commit"): the last
+  // sequence a session's initiator recorded with ATOMIC WRITE (the NIC
+  // writes it; only the session's start writes it from here), valid for
+  // the session bookkeeping generation beside it. Appended in the former
+  // reserved bytes (zero in older pools: no word).
+  uint64_t commit_sequence;
+  uint64_t commit_generation;
+  uint8_t reserved[8];
   PeerRecord peers[kMaxPeers];
   // extent index + 1; 0: free. Single-word persists.
   uint64_t activity[kActivityLogSlots];
 };
 static_assert(offsetof(PoolHeader, peers) == 256, "on-media layout of pmirror-copy-v1");
+static_assert(offsetof(PoolHeader, commit_sequence) % 8 == 0,
+              "ATOMIC WRITE needs 8-byte alignment");
 static_assert(sizeof(PoolHeader) == 256 + 128 * kMaxPeers + 8 * kActivityLogSlots,
               "on-media layout of pmirror-copy-v1");
 static_assert(sizeof(PoolHeader) % 64 == 0, "bitmaps start on a cache line");
@@ -594,7 +604,7 @@ Status CopyMetadata::set_fence(uint64_t generation, const std::string& node) {
   timespec now{};
   ::clock_gettime(CLOCK_REALTIME, &now);
   return run_tx(pool_.get(), "copy metadata " + path_ + ": recording the fence", [&] {
-    if (int err = snapshot(&r->fence_generation, offsetof(PoolHeader, reserved) -
+    if (int err = snapshot(&r->fence_generation, offsetof(PoolHeader, commit_sequence) -
                                                      offsetof(PoolHeader, fence_generation))) {
       return err;
     }
@@ -612,7 +622,7 @@ Status CopyMetadata::clear_fence() {
   Root* r = root_;
   if (r->fence_generation == 0) return Status::Ok();
   return run_tx(pool_.get(), "copy metadata " + path_ + ": clearing the fence", [&] {
-    if (int err = snapshot(&r->fence_generation, offsetof(PoolHeader, reserved) -
+    if (int err = snapshot(&r->fence_generation, offsetof(PoolHeader, commit_sequence) -
                                                      offsetof(PoolHeader, fence_generation))) {
       return err;
     }
@@ -999,6 +1009,33 @@ Status CopyMetadata::clear_activity_log() {
   std::lock_guard lock(mutex_);
   pmemobj_memset_persist(pool_.get(), root_->activity, 0, sizeof(root_->activity));
   return Status::Ok();
+}
+
+// --- one-sided commit's word ---
+
+void* CopyMetadata::commit_word_address() const { return &root_->commit_sequence; }
+
+bool CopyMetadata::commit_word_is_pmem() const {
+  // libpmem answers PMEM_IS_PMEM_FORCE too (the tests' pmem).
+  return pmem_is_pmem(&root_->commit_sequence, sizeof(root_->commit_sequence)) != 0;
+}
+
+Status CopyMetadata::arm_commit_word(uint64_t generation, uint64_t sequence) {
+  std::lock_guard lock(mutex_);
+  PMEMobjpool* pop = pool_.get();
+  std::atomic_ref<uint64_t>(root_->commit_generation).store(0);
+  pmemobj_persist(pop, &root_->commit_generation, 8);
+  std::atomic_ref<uint64_t>(root_->commit_sequence).store(sequence);
+  pmemobj_persist(pop, &root_->commit_sequence, 8);
+  std::atomic_ref<uint64_t>(root_->commit_generation).store(generation);
+  pmemobj_persist(pop, &root_->commit_generation, 8);
+  return Status::Ok();
+}
+
+CommitWord CopyMetadata::commit_word() const {
+  std::lock_guard lock(mutex_);
+  return {std::atomic_ref<uint64_t>(root_->commit_generation).load(),
+          std::atomic_ref<uint64_t>(root_->commit_sequence).load()};
 }
 
 }  // namespace pmirror::metadata

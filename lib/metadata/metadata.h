@@ -97,6 +97,14 @@ struct PeerInfo {
   uint64_t dirty_chunks = 0;
 };
 
+// One-sided commit's word (docs/protocol.md, "One-sided commit"): the last
+// sequence a replica's initiator recorded into this copy's metadata with
+// the fabric's ATOMIC WRITE, for one session bookkeeping generation.
+struct CommitWord {
+  uint64_t generation = 0;  // 0: no session armed it
+  uint64_t sequence = 0;
+};
+
 class CopyMetadata {
  public:
   struct Options {
@@ -197,6 +205,20 @@ class CopyMetadata {
   // Empties the log without marking anything (a replica whose new primary
   // has already resynced the extents it reported).
   Status clear_activity_log();
+
+  // --- one-sided commit's word (written by the NIC, read here) ---
+  // The word's 8 bytes (8-byte aligned) inside the pool's mapping: what a
+  // session registers for the initiator's ATOMIC WRITE and FLUSH.
+  void* commit_word_address() const;
+  // True when the pool's mapping is pmem: a FLUSH to persistence of the
+  // word means something only then (the target offers the method only so).
+  bool commit_word_is_pmem() const;
+  // A session starts: the word holds `sequence` for `generation` (each
+  // step persisted: generation 0 first, so that a crash in between never
+  // pairs one session's generation with another's sequence).
+  Status arm_commit_word(uint64_t generation, uint64_t sequence);
+  // The word now (an atomic read: the NIC may be writing it).
+  CommitWord commit_word() const;
 
  private:
   struct PoolCloser {

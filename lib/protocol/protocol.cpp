@@ -244,7 +244,7 @@ Status validate(const Hello& m, Errc code) {
     return Status(
         code, "Hello.flags has undefined bits " + hex(m.flags & ~kHelloFlagsKnown) +
                   " (defined: cumulative acks 0x1, fence 0x2, lineage 0x4, placement order 0x8, "
-                  "native flush 0x10)");
+                  "native flush 0x10, one-sided commit 0x20)");
   }
   if ((m.flags & kHelloLineage) == 0 && m.lineage != Lineage{}) {
     return Status(code, "Hello.lineage is set without the lineage flag");
@@ -267,13 +267,24 @@ Status validate(const VolumeDescriptor& m, Errc code) {
     return Status(code, "VolumeDescriptor.methods has undefined bits " +
                             hex(m.methods & ~kMethodsKnown) +
                             " (defined: APM 0x1, GPSPM 0x2, placement order 0x4, native flush "
-                            "0x8)");
+                            "0x8, one-sided commit 0x10)");
   }
   if ((m.methods & kMethodPlacementOrder) != 0 && (m.methods & kMethodApm) == 0) {
     return Status(code, "VolumeDescriptor.methods has placement order (0x4) without APM (0x1)");
   }
   if ((m.methods & kMethodNativeFlush) != 0 && (m.methods & kMethodApm) == 0) {
     return Status(code, "VolumeDescriptor.methods has native flush (0x8) without APM (0x1)");
+  }
+  if ((m.methods & kMethodOneSidedCommit) != 0 && (m.methods & kMethodNativeFlush) == 0) {
+    return Status(
+        code, "VolumeDescriptor.methods has one-sided commit (0x10) without native flush (0x8)");
+  }
+  if ((m.methods & kMethodOneSidedCommit) == 0 && (m.commit_address != 0 || m.commit_rkey != 0)) {
+    return Status(code, "VolumeDescriptor has a commit word without one-sided commit (0x10)");
+  }
+  if ((m.methods & kMethodOneSidedCommit) != 0 && m.commit_address % 8 != 0) {
+    return Status(code, "VolumeDescriptor.commit_address " + hex(m.commit_address) +
+                            " is not 8-byte aligned (ATOMIC WRITE needs it)");
   }
   for (size_t i = 1; i < m.generation_history.size(); ++i) {
     if (m.generation_history[i] != 0 && m.generation_history[i - 1] == 0) {
@@ -395,6 +406,10 @@ void put(Writer& w, const VolumeDescriptor& m) {
   w.u64(m.activity_extent_size);
   w.u64_list(m.activity_extents);
   w.bytes(m.mac);
+  if ((m.methods & kMethodOneSidedCommit) != 0) {
+    w.u64(m.commit_address);
+    w.u32(m.commit_rkey);
+  }
 }
 void put(Writer& w, const Commit& m) {
   w.u64(m.sequence);
@@ -472,7 +487,10 @@ Status get(Reader& r, VolumeDescriptor& m) {
   PMIRROR_RETURN_IF_ERROR(r.u64(m.activity_extent_size, "VolumeDescriptor.activity_extent_size"));
   PMIRROR_RETURN_IF_ERROR(
       r.u64_list(m.activity_extents, 0, kMaxActivityExtents, "VolumeDescriptor.activity_extents"));
-  return r.bytes(m.mac, "VolumeDescriptor.mac");
+  PMIRROR_RETURN_IF_ERROR(r.bytes(m.mac, "VolumeDescriptor.mac"));
+  if ((m.methods & kMethodOneSidedCommit) == 0) return Status::Ok();
+  PMIRROR_RETURN_IF_ERROR(r.u64(m.commit_address, "VolumeDescriptor.commit_address"));
+  return r.u32(m.commit_rkey, "VolumeDescriptor.commit_rkey");
 }
 Status get(Reader& r, Commit& m) {
   PMIRROR_RETURN_IF_ERROR(r.u64(m.sequence, "Commit.sequence"));

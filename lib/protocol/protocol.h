@@ -87,9 +87,16 @@ enum PersistMethod : uint32_t {
   // Only with APM (the one-sided path), only to an initiator whose Hello
   // set kHelloNativeFlush.
   kMethodNativeFlush = 1u << 3,
+  // With native flush: the initiator records each persist's sequence
+  // itself, with the fabric's ATOMIC WRITE behind the persist's FLUSH, into
+  // the commit word the target registered (VolumeDescriptor.commit_address
+  // and commit_rkey), and sends no Commits; the target reads the word when
+  // it needs it (docs/protocol.md, "One-sided commit"). Only to an initiator
+  // whose Hello set kHelloOneSidedCommit.
+  kMethodOneSidedCommit = 1u << 4,
 };
 inline constexpr uint32_t kMethodsKnown =
-    kMethodApm | kMethodGpspm | kMethodPlacementOrder | kMethodNativeFlush;
+    kMethodApm | kMethodGpspm | kMethodPlacementOrder | kMethodNativeFlush | kMethodOneSidedCommit;
 
 // VolumeDescriptor.copy_flags: the state of the target's copy (its
 // metadata pool, lib/metadata).
@@ -140,9 +147,13 @@ enum HelloFlag : uint32_t {
   kHelloPlacementOrder = 1u << 3,
   // The initiator understands VolumeDescriptor.methods' kMethodNativeFlush.
   kHelloNativeFlush = 1u << 4,
+  // The initiator understands VolumeDescriptor.methods' kMethodOneSidedCommit
+  // (and the descriptor's commit word fields that come with it).
+  kHelloOneSidedCommit = 1u << 5,
 };
-inline constexpr uint32_t kHelloFlagsKnown =
-    kHelloCumulativeAcks | kHelloFence | kHelloLineage | kHelloPlacementOrder | kHelloNativeFlush;
+inline constexpr uint32_t kHelloFlagsKnown = kHelloCumulativeAcks | kHelloFence | kHelloLineage |
+                                             kHelloPlacementOrder | kHelloNativeFlush |
+                                             kHelloOneSidedCommit;
 
 // The data generations of the initiator's copy, as it knows them.
 struct Lineage {
@@ -194,6 +205,10 @@ struct VolumeDescriptor {
   // differ from the other copies; strictly ascending, 0..kMaxActivityExtents.
   std::vector<uint64_t> activity_extents;
   std::array<uint8_t, kMacSize> mac{};  // auth::target_proof(...): the target knows the secret too
+  // With kMethodOneSidedCommit only (on the wire after `mac`): the 8-byte
+  // commit word's address and remote key, for ATOMIC WRITE and FLUSH.
+  uint64_t commit_address = 0;
+  uint32_t commit_rkey = 0;
   bool operator==(const VolumeDescriptor&) const = default;
 };
 

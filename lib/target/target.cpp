@@ -83,7 +83,8 @@ namespace {
 // updated in place, and a session goes on unless its identity lost access.
 bool same_settings(const config::VolumeConfig& a, const config::VolumeConfig& b) {
   return a.path == b.path && a.size == b.size && a.create == b.create && a.apm == b.apm &&
-         a.metadata_path == b.metadata_path && a.chunk == b.chunk;
+         a.native_persistence == b.native_persistence && a.metadata_path == b.metadata_path &&
+         a.chunk == b.chunk;
 }
 
 // A refused start leaves nothing behind: removes the state pool when this

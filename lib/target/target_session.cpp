@@ -2,6 +2,7 @@
 // bookkeeping until the initiator leaves. The Writes and Reads of the data
 // path never show up here: the transport places them into the registered
 // region (the NIC over rdma; the connection's receiver over tcp).
+#include <libpmem.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -293,7 +294,9 @@ class Session {
     };
     Result<std::unique_ptr<transport::MemoryRegion>> registration =
         Status(Errc::kUnsupported, "not tried");
-    if ((peer_.hello.flags & protocol::kHelloNativeFlush) != 0 &&
+    const config::NativePersistence native = volume_.config.native_persistence;
+    if (native != config::NativePersistence::kOff &&
+        (peer_.hello.flags & protocol::kHelloNativeFlush) != 0 &&
         (methods_ & protocol::kMethodApm) != 0 && region.is_pmem() &&
         peer_.connection->fabric_persistence().flush_persistent) {
       // Placement order has nothing to add then (the initiator fences
@@ -328,6 +331,22 @@ class Session {
       return false;
     }
     book_ = {recorded->generation, recorded->last_sequence};
+    // A session before this one that recorded its persists one-sidedly may
+    // have got further than the state pool (pmirrord was killed before it
+    // read the word): its word counts.
+    if (const metadata::CommitWord word = md_->commit_word();
+        word.generation == book_.generation && word.sequence > book_.last_sequence) {
+      log::info(
+          "{}: volume {}: the commit word of an earlier session is at sequence {}, the "
+          "state pool at {}; continuing after the word",
+          who(), name(), word.sequence, book_.last_sequence);
+      book_.last_sequence = word.sequence;
+    }
+    if ((methods_ & protocol::kMethodNativeFlush) != 0 &&
+        volume_.config.native_persistence == config::NativePersistence::kAuto &&
+        (peer_.hello.flags & protocol::kHelloOneSidedCommit) != 0) {
+      offer_one_sided_commit();
+    }
     {
       std::scoped_lock lock(volume_.mutex, volume_.record_mutex);
       volume_.writer_identity = identity();
@@ -336,6 +355,55 @@ class Session {
       volume_.recorded_sequence = book_.last_sequence;
     }
     return send_descriptor();
+  }
+
+  // One-sided commit (docs/protocol.md, "One-sided commit"): the initiator
+  // records each persist's sequence with ATOMIC WRITE into the copy's
+  // commit word, behind the persist's FLUSH, and sends no Commits. Offered
+  // where this connection's device has ATOMIC WRITE and the metadata pool
+  // is pmem (a FLUSH of the word into page cache would promise nothing),
+  // and the word registers for it.
+  void offer_one_sided_commit() {
+    std::string why_not;
+    if (!peer_.connection->fabric_persistence().atomic_write) {
+      why_not = "the connection's device has no ATOMIC WRITE";
+    } else if (!md_->commit_word_is_pmem()) {
+      why_not = "its metadata " + md_->path() + " is not on pmem";
+    } else if (Status armed = md_->arm_commit_word(book_.generation, book_.last_sequence);
+               !armed.ok()) {
+      why_not = armed.to_string();
+    } else {
+      auto registered = peer_.connection->register_memory(
+          md_->commit_word_address(), sizeof(uint64_t),
+          transport::kRemoteWrite | transport::kRemoteFlush | transport::kRemoteAtomicWrite,
+          [](const void* addr, size_t len) {
+            pmem_persist(addr, len);
+            return Status::Ok();
+          });
+      if (registered.ok()) {
+        commit_word_registration_ = std::move(registered).value();
+        methods_ |= protocol::kMethodOneSidedCommit;
+        return;
+      }
+      why_not = "registering its commit word: " + registered.status().message();
+    }
+    log::info("{}: volume {}: no one-sided commit for this session: {}", who(), name(), why_not);
+  }
+
+  // Reads the commit word (one-sided commit) into the bookkeeping: the
+  // persists it counts since the last read are recorded (their ranges and
+  // bytes only the initiator knows). Called when the session is idle and
+  // when it ends, never per persist. True when the word moved on: the
+  // initiator is alive (it sends nothing else while persists keep coming).
+  bool fold_commit_word() {
+    if (commit_word_registration_ == nullptr) return false;
+    const metadata::CommitWord word = md_->commit_word();
+    if (word.generation != book_.generation || word.sequence <= book_.last_sequence) return false;
+    record_.persists += word.sequence - book_.last_sequence;
+    book_.last_sequence = word.sequence;
+    volume_.applied_sequence.store(book_.last_sequence);
+    record_.acknowledged = word.sequence;
+    return true;
   }
 
   // A fence (a Hello with kHelloFence) from the node where the volume was
@@ -403,6 +471,11 @@ class Session {
     descriptor.generation = book_.generation;
     descriptor.last_sequence = book_.last_sequence;
     descriptor.recv_slots = peer_.connection->options().recv_slots;
+    if (commit_word_registration_ != nullptr) {
+      const transport::RemoteKey word = commit_word_registration_->remote_key();
+      descriptor.commit_address = word.address;
+      descriptor.commit_rkey = word.rkey;
+    }
     describe_copy(*md_, descriptor);
     const auth::SessionContext auth_context{name(), identity(), peer_.hello.client_nonce,
                                             peer_.server_nonce};
@@ -416,8 +489,9 @@ class Session {
     {
       std::lock_guard lock(volume_.mutex);
       record_.method = (methods_ & protocol::kMethodApm) == 0 ? "gpspm"
-                       : (methods_ & protocol::kMethodNativeFlush) != 0
-                           ? "native-flush+apm+gpspm"
+                       : (methods_ & protocol::kMethodOneSidedCommit) != 0
+                           ? "one-sided-commit+native-flush+apm+gpspm"
+                       : (methods_ & protocol::kMethodNativeFlush) != 0 ? "native-flush+apm+gpspm"
                        : (methods_ & protocol::kMethodPlacementOrder) != 0
                            ? "apm+gpspm, placement order"
                            : "apm+gpspm";
@@ -450,6 +524,7 @@ class Session {
       }
       if (ended_from_outside(messages.empty())) return;
       if (messages.empty()) {
+        if (fold_commit_word()) last_heard = Clock::now();
         if (Status acked = flush_commit_acks(/*idle=*/true); !acked.ok()) {
           end_reason_ = acked.to_string();
           return;
@@ -647,6 +722,9 @@ class Session {
   void close() {
     registration_.reset();  // revoke the initiator's access before anything else
     peer_.connection->shutdown();
+    // No ATOMIC WRITE lands after the connection is shut: the word is final.
+    fold_commit_word();
+    commit_word_registration_.reset();
     claim_.leaving();
     if (Status saved = checkpoint(context_.state, volume_); !saved.ok()) {
       log::error("{}: volume {}: recording sequence {}: {}", who(), name(), book_.last_sequence,
@@ -672,6 +750,8 @@ class Session {
   WriterClaim claim_;
   SessionMetadata md_;
   std::unique_ptr<transport::MemoryRegion> registration_;
+  // One-sided commit: the copy's commit word, registered for this session.
+  std::unique_ptr<transport::MemoryRegion> commit_word_registration_;
   uint32_t methods_ = 0;  // declared to this initiator (VolumeDescriptor.methods)
   Bookkeeping book_;
   uint64_t access_seen_;

@@ -7,14 +7,15 @@ LAB_CACHE=${PMIRROR_LAB_CACHE:-$LAB_REPO/.lab-cache}
 # The guest's kernel (docs/transport-rdma.md, "Native persistence"): 6.1,
 # Debian 12's, the default and the latency figures' kernel; 6.12, from
 # bookworm-backports, whose rxe has FLUSH and ATOMIC WRITE (device
-# capability bits 38-40). Each kernel but the default has its cache in a
-# folder of its own under the default's.
+# capability bits 38-40); 7, from trixie-backports, whose rxe also has
+# on-demand paging (an fs-dax mapping registers). Each kernel but the
+# default has its cache in a folder of its own under the default's.
 LAB_KERNEL=${PMIRROR_LAB_KERNEL:-6.1}
 case $LAB_KERNEL in
   6.1) ;;
-  6.12) LAB_CACHE=$LAB_CACHE/kernel-$LAB_KERNEL ;;
+  6.12 | 7) LAB_CACHE=$LAB_CACHE/kernel-$LAB_KERNEL ;;
   *)
-    echo "pmirror-lab: error: PMIRROR_LAB_KERNEL='$LAB_KERNEL': the lab boots 6.1 (default) or 6.12" >&2
+    echo "pmirror-lab: error: PMIRROR_LAB_KERNEL='$LAB_KERNEL': the lab boots 6.1 (default), 6.12 or 7" >&2
     exit 125
     ;;
 esac

@@ -9,9 +9,11 @@
 #    host), unpacks it into the cache folder, prunes useless module folders,
 #    runs depmod, cuts the uncompressed ELF kernel out of vmlinuz (QEMU boots it
 #    through its PVH note, ~3.5 s faster than vmlinuz under TCG),
-#  * with PMIRROR_LAB_KERNEL=6.12: the kernel of bookworm-backports instead,
-#    through a private apt configuration in the cache (the host's apt sources
-#    and state are not touched), in its own cache folder (common.sh),
+#  * with PMIRROR_LAB_KERNEL=6.12: the kernel of bookworm-backports instead
+#    (with 7: trixie-backports', whose image is split into binary, modules
+#    and base packages), through a private apt configuration in the cache
+#    (the host's apt sources and state are not touched), in its own cache
+#    folder (common.sh),
 #  * builds a tiny busybox initramfs that mounts the host's / read-only over
 #    virtio-9p with a tmpfs overlay and hands over to scripts/lab/guest-init.sh.
 #
@@ -82,6 +84,7 @@ fi
 apt_private=()
 if [[ $LAB_KERNEL != 6.1 ]]; then
   suite=bookworm-backports
+  [[ $LAB_KERNEL == 7 ]] && suite=trixie-backports
   pa="$LAB_CACHE/apt"
   mkdir -p "$pa/lists/partial" "$pa/cache/archives/partial"
   echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $suite main" \
@@ -120,11 +123,23 @@ if [[ ! -f $kroot/.unpacked-$krel ]]; then
     (cd "$LAB_CACHE/deb" && apt-get "${apt_private[@]}" download -q "$kpkg") ||
       lab_die "setup: apt-get download $kpkg failed"
   }
-  deb=$(ls "$LAB_CACHE"/deb/"$kpkg"_*.deb | head -n1)
-  echo "lab-setup: unpacking $(basename "$deb")"
+  # Debian 13's image package holds no files: its kernel and modules come
+  # in packages of their own (linux-binary-*, linux-modules-*, linux-base-*).
+  for part in binary modules base; do
+    if apt-cache "${apt_private[@]}" show "linux-$part-$krel" >/dev/null 2>&1; then
+      (cd "$LAB_CACHE/deb" &&
+         apt-get "${apt_private[@]}" download -q "linux-$part-$krel" >/dev/null 2>>"$LAB_CACHE/deb/download.log") ||
+        lab_die "setup: apt-get download linux-$part-$krel failed"
+    fi
+  done
   mkdir -p "$kroot"
-  dpkg -x "$deb" "$kroot"
+  for deb in "$LAB_CACHE"/deb/*.deb; do
+    echo "lab-setup: unpacking $(basename "$deb")"
+    dpkg -x "$deb" "$kroot"
+  done
   rm -rf "$LAB_CACHE/deb"
+  # Merged /usr (Debian 13): /lib is /usr/lib, as on the installed system.
+  [[ -d $kroot/usr/lib/modules && ! -e $kroot/lib ]] && ln -s usr/lib "$kroot/lib"
   mdir="$kroot/lib/modules/$krel"
   [[ -d $mdir ]] || mdir="$kroot/usr/lib/modules/$krel"
   [[ -d $mdir ]] || lab_die "setup: no modules folder for $krel in $kroot"
@@ -147,6 +162,7 @@ mdir="$kroot/lib/modules/$krel"
 # Uncompressed ELF kernel (booted via PVH): 6.1's vmlinuz holds it as an XZ
 # stream, 6.12's as a zstd frame.
 vmlinuz="$kroot/boot/vmlinuz-$krel"
+[[ -f $vmlinuz ]] || vmlinuz="$mdir/vmlinuz"  # Debian 13 keeps it beside the modules
 [[ -f $vmlinuz ]] || lab_die "setup: $vmlinuz missing"
 off=$(LC_ALL=C grep -abo -P '\xfd7zXZ\x00' "$vmlinuz" | head -n1 | cut -d: -f1 || true)
 if [[ -n $off ]]; then

@@ -72,13 +72,21 @@ class DataPathTest : public ::testing::Test {
       std::string dir = tmp_.file("target" + std::to_string(i));
       std::filesystem::create_directories(dir);
       std::string path = dir + "/vol.img";
+      VolumeSpec spec{"vol", path, kSize};
       if (i == 0 && !test_dax().empty()) {
-        path = test_dax();
+        path = spec.path = test_dax();
         zero_volume(path);
+        // The devdax copy's metadata on pmem too (the lab's fs-dax mount):
+        // where the device has ATOMIC WRITE and registers it (ODP), the
+        // target then offers one-sided commit. A pool of this test's own.
+        if (std::string dir = env_or("PMIRROR_TEST_METADATA_DIR", ""); !dir.empty()) {
+          spec.metadata = dir + "/" + std::filesystem::path(tmp_.path()).filename().string() +
+                          "-target" + std::to_string(i) + ".pmirror";
+        }
       }
       replica_paths_.push_back(path);
-      VolumeSpec spec{"vol", path, kSize};
       spec.apm = apm;
+      spec.native_persistence = env_or("PMIRROR_TEST_NATIVE_PERSISTENCE", "");
       targets_.push_back(std::make_unique<DaemonProcess>(dir, std::vector<VolumeSpec>{spec},
                                                          test_transport(), test_address()));
       ASSERT_TRUE(targets_.back()->start()) << targets_.back()->log();
@@ -164,7 +172,8 @@ TEST_F(DataPathTest, ThousandsOfRandomPersistsReachBothReplicasByteForByte) {
     // tcp targets flush on read-after-write whatever the backing; over rdma
     // only pmem (the devdax target) may promise it -- by APM, or by native
     // flush where the device and both builds have FLUSH
-    // (PMIRROR_TEST_PMEM_METHOD=native-flush: scripts/lab/tests/guest-next-kernel.sh).
+    // (PMIRROR_TEST_PMEM_METHOD: one-sided-commit, native-flush or apm, as
+    // scripts/lab/tests/guest-next-kernel.sh sets native_persistence).
     bool pmem_target = i == 0 && !test_dax().empty();
     EXPECT_EQ(r.method, test_kind() == transport::Kind::kTcp ? "apm"
                         : pmem_target ? env_or("PMIRROR_TEST_PMEM_METHOD", "apm")

@@ -106,7 +106,9 @@ bool DaemonProcess::start() {
           // (/var/lib/pmirror/<volume>.pmirror) would outlive the test and
           // make the next test's new primary a split brain.
           << "    metadata:\n"
-          << "      " << node_ << ": " << dir_ << "/" << node_ << "-" << v.name << ".pmirror\n"
+          << "      " << node_ << ": "
+          << (v.metadata.empty() ? dir_ + "/" + node_ + "-" + v.name + ".pmirror" : v.metadata)
+          << "\n"
           << "    allowed_peers: [";
       for (size_t i = 0; i < v.allowed_peers.size(); ++i) {
         out << (i ? ", " : "") << v.allowed_peers[i];
@@ -114,6 +116,9 @@ bool DaemonProcess::start() {
       out << "]\n"
           << "    secret: \"" << v.secret << "\"\n"
           << "    apm: " << v.apm << "\n";
+      if (!v.native_persistence.empty()) {
+        out << "    native_persistence: " << v.native_persistence << "\n";
+      }
     }
   }
   log_offset_ = log().size();  // a restart appends to the same log

@@ -19,16 +19,28 @@ export PMIRROR_TEST_ADDRESS=$PMIRROR_LAB_SELF
 export PMIRROR_TEST_DAX=$PMIRROR_LAB_DAX_DEV
 export PMIRROR_TEST_FSDAX_DIR=$PMIRROR_LAB_PMEM_DIR
 export PMIRROR_TEST_PERSISTS=${PMIRROR_TEST_PERSISTS:-2000}
-# A build against rdma-core >= 45 (scripts/lab/rdma-core.sh) posts FLUSH:
-# the devdax target then declares native flush and the initiator takes it.
+# A build against rdma-core >= 45 (scripts/lab/rdma-core.sh) posts FLUSH
+# and ATOMIC WRITE: the devdax target then declares native flush, and, with
+# its metadata on the fs-dax mount, one-sided commit where the commit word
+# registers (on-demand paging: rxe from 7.x); the data path runs once per
+# method (native_persistence auto, flush, off: docs/config.md).
+methods=("")
 if grep -q '^PMIRROR_HAVE_IBV_WR_FLUSH:INTERNAL=1' "$build/CMakeCache.txt" 2>/dev/null; then
-  export PMIRROR_TEST_PMEM_METHOD=native-flush
+  export PMIRROR_TEST_METADATA_DIR=$PMIRROR_LAB_PMEM_DIR
+  best=native-flush
+  [[ $(uname -r) == [7-9].* ]] && best=one-sided-commit
+  methods=("auto:$best" "flush:native-flush" "off:apm")
 fi
 ulimit -l unlimited
 echo "== kernel $(uname -r): rdma transport tests (rxe0, devdax, fsdax)"
 "$build/tests/unit/transport_rdma/transport_rdma_test" --gtest_brief=1
 ((data_path)) || exit 0
-echo "== kernel $(uname -r): data path over rdma (devdax target + file target)"
-PMIRROR_TEST_TIME_SCALE=${PMIRROR_TEST_TIME_SCALE:-10} \
-  "$build/tests/integration/data_path_test" --gtest_brief=1 \
-  --gtest_filter='DataPathTest.*:DaemonTest.Fsdax*'
+for method in "${methods[@]}"; do
+  if [[ -n $method ]]; then
+    export PMIRROR_TEST_NATIVE_PERSISTENCE=${method%%:*} PMIRROR_TEST_PMEM_METHOD=${method#*:}
+  fi
+  echo "== kernel $(uname -r): data path over rdma (devdax target + file target)${method:+, native_persistence ${method%%:*}: method ${method#*:}}"
+  PMIRROR_TEST_TIME_SCALE=${PMIRROR_TEST_TIME_SCALE:-10} \
+    "$build/tests/integration/data_path_test" --gtest_brief=1 \
+    --gtest_filter='DataPathTest.*:DaemonTest.Fsdax*'
+done

@@ -165,7 +165,8 @@ std::string full_config(const std::string& secret_file) {
          kSecret +
          "\"\n"
          "    apm: off\n"
-         "    resync_rate: unlimited\n";
+         "    resync_rate: unlimited\n"
+         "    native_persistence: flush\n";
 }
 
 TEST(ClusterConfigTest, FullConfigParsesToTheExpectedStructs) {
@@ -220,6 +221,7 @@ TEST(ClusterConfigTest, FullConfigParsesToTheExpectedStructs) {
   EXPECT_EQ(db0.secret_file, secret_file);
   EXPECT_EQ(db0.secret_file_at, "full.yaml:30:18");
   EXPECT_EQ(db0.apm, ApmPolicy::kOn);
+  EXPECT_EQ(db0.native_persistence, NativePersistence::kAuto);  // the default
   EXPECT_EQ(db0.poll, transport::PollMode::kBusy);
   EXPECT_EQ(db0.chunk, 16u << 10);
   EXPECT_EQ(db0.resync_rate, 200u << 20);
@@ -237,6 +239,7 @@ TEST(ClusterConfigTest, FullConfigParsesToTheExpectedStructs) {
   EXPECT_TRUE(log0.create);
   EXPECT_EQ(log0.secret, kSecret);
   EXPECT_EQ(log0.apm, ApmPolicy::kOff);
+  EXPECT_EQ(log0.native_persistence, NativePersistence::kFlush);
   EXPECT_EQ(log0.poll, transport::PollMode::kAdaptive);  // the default
   EXPECT_EQ(log0.chunk, 64u << 10);
   EXPECT_EQ(log0.resync_rate, 0u);  // unlimited
@@ -326,6 +329,7 @@ TEST(ClusterConfigTest, DaemonConfigForEachNode) {
   EXPECT_EQ(node3->volumes[1].path, "/mnt/pmem/log0");
   EXPECT_EQ(node3->volumes[1].size, 64ull << 20);
   EXPECT_TRUE(node3->volumes[1].create);
+  EXPECT_EQ(node3->volumes[1].native_persistence, NativePersistence::kFlush);
   EXPECT_EQ(node3->volumes[1].secret, kSecret);
   EXPECT_EQ(node3->volumes[1].apm, ApmPolicy::kOff);
   EXPECT_EQ(node3->volumes[0].poll, transport::PollMode::kBusy);
@@ -645,6 +649,8 @@ std::vector<BadConfig> bad_configs() {
        "<config>:10:11 (volume v))"},
       {"create yes", with_volume({}, "    create: yes\n"), 13, "expected true or false, got 'yes'"},
       {"bad apm", with_volume({}, "    apm: maybe\n"), 13, "'maybe' is not one of auto, on, off"},
+      {"bad native_persistence", with_volume({}, "    native_persistence: atomic\n"), 13,
+       "'atomic' is not one of auto, flush, off"},
       {"bad poll", with_volume({}, "    poll: spin\n"), 13,
        "'spin' is not one of busy, adaptive, event"},
       {"missing allowed_peers", with_volume({{"allowed_peers", ""}}), 6,

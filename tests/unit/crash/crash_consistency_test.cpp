@@ -42,6 +42,7 @@
 #include "common/log.h"
 #include "config/config.h"
 #include "initiator/initiator.h"
+#include "metadata/metadata.h"
 #include "target/target.h"
 #include "transport/fake/fake_fabric.h"
 #include "transport/fake/fake_transport.h"
@@ -311,6 +312,9 @@ enum class Mode { kSync, kAsync };
 
 struct Scenario {
   config::ApmPolicy apm = config::ApmPolicy::kOn;  // what the target offers (kOff: GPSPM)
+  // With fabric.native_persistence and a pmem copy: kAuto also records each
+  // persist by ATOMIC WRITE (one-sided commit), kFlush does not.
+  config::NativePersistence native = config::NativePersistence::kAuto;
   FabricOptions fabric;
   Mode mode = Mode::kSync;
   uint64_t records = 12;
@@ -340,6 +344,9 @@ struct Outcome {
   bool crashed = false;
   std::string method;  // what the replica used
   std::vector<std::byte> replica;
+  // One-sided commit: the target's commit word once the run ended (read
+  // from its metadata pool after the target stopped).
+  metadata::CommitWord commit_word;
   // Several writers: the records in the order of their sequences, those
   // written but never given one, and those acknowledged.
   std::vector<uint64_t> in_sequence;
@@ -396,6 +403,7 @@ class CrashTest : public ::testing::Test {
     volume.allowed_peers = {"app"};
     volume.secret = kSecret;
     volume.apm = s.apm;
+    volume.native_persistence = s.native;
     volume.metadata_path = target_path() + ".pmirror";
     volume.primary = kInitiatorNode;
     volume.peers = {kInitiatorNode};
@@ -573,7 +581,36 @@ class CrashTest : public ::testing::Test {
       // does now reaches the crashed target (its connection is broken).
     }
     stop_target();
+    metadata::CopyMetadata::Options md;
+    md.path = target_path() + ".pmirror";
+    md.volume_size = kSize;
+    md.create_if_missing = false;
+    if (auto opened = metadata::CopyMetadata::open(md); opened.ok()) {
+      out.commit_word = (*opened)->commit_word();
+    }
     return out;
+  }
+
+  // The sequence of record i in a single-writer run (sequences start at 1
+  // on a fresh target; an ordered persist of a window's records takes one).
+  static uint64_t sequence_of(const Scenario& s, uint64_t i) {
+    return s.ordered_groups ? (i - 1) / s.window + 1 : i;
+  }
+
+  // One-sided commit: the commit word never names a persist whose records
+  // are not all intact on the replica (the ATOMIC WRITE is fenced behind
+  // the persist's FLUSHes).
+  static void check_commit_word(const Scenario& s, const Outcome& out, Verdict& v) {
+    for (uint64_t i = 1; i <= out.written; ++i) {
+      if (sequence_of(s, i) > out.commit_word.sequence) break;
+      if (classify(out.replica, i) != Found::kIntact) {
+        v.violations.push_back("the commit word says sequence " +
+                               std::to_string(out.commit_word.sequence) + ", but record " +
+                               std::to_string(i) + " (sequence " +
+                               std::to_string(sequence_of(s, i)) + ") is not intact");
+        return;
+      }
+    }
   }
 
   struct Coverage {
@@ -601,10 +638,21 @@ class CrashTest : public ::testing::Test {
     // pmem (PMEM_IS_PMEM_FORCE in these tests).
     const char* forced = std::getenv("PMEM_IS_PMEM_FORCE");
     const bool native = s.fabric.native_persistence && forced != nullptr &&
-                        std::string_view(forced) == "1";
+                        std::string_view(forced) == "1" &&
+                        s.native != config::NativePersistence::kOff;
+    const bool one_sided =
+        native && s.native == config::NativePersistence::kAuto && s.apm != config::ApmPolicy::kOff;
     EXPECT_EQ(dry.method, s.apm == config::ApmPolicy::kOff ? "gpspm"
+                          : one_sided                      ? "one-sided-commit"
                           : native                         ? "native-flush"
                                                            : "apm");
+    if (one_sided && s.writers == 1) {
+      // Every persist's sequence reached the word; the target read it.
+      EXPECT_EQ(dry.commit_word.sequence, sequence_of(s, s.records));
+      EXPECT_NE(dry.commit_word.generation, 0u);
+    } else if (!one_sided) {
+      EXPECT_EQ(dry.commit_word.generation, 0u) << "a word armed without one-sided commit";
+    }
     Verdict clean = check(s, dry, true);
     EXPECT_TRUE(clean.violations.empty()) << "without a crash:" << clean.text();
     EXPECT_EQ(clean.intact, s.records);
@@ -631,6 +679,7 @@ class CrashTest : public ::testing::Test {
         for (uint64_t i = 1; i <= out.written; ++i) found.push_back(classify(out.replica, i));
         check_boundary_plus_one(found, v);
       }
+      if (one_sided && s.writers == 1) check_commit_word(s, out, v);
       EXPECT_TRUE(v.violations.empty())
           << "crash after " << k << " of " << dry.operations << " operations (" << out.acked
           << " acknowledged, " << out.written << " written):" << v.text();
@@ -884,19 +933,80 @@ TEST_F(CrashTest, OrderedGroupsUnderPlacementOrderKeepAGroupBoundaryPlusOne) {
 // subset, word by word (the cache writes back what it likes). A crash at
 // every operation, 8 persists in flight, plain and as ordered groups,
 // leaves a persist (or group) boundary plus part of the next.
+// With one-sided commit (native_persistence: auto; the metadata pool is
+// pmem too) each persist's sequence also goes into the target's commit
+// word by ATOMIC WRITE, fenced behind its FLUSHes: after any crash the word
+// names no persist whose records are not intact (check_commit_word).
 TEST_F(CrashTest, NativeFlushCrashKeepsABoundaryPlusOne) {
   ASSERT_EQ(setenv("PMEM_IS_PMEM_FORCE", "1", 1), 0);
-  for (bool groups : {false, true}) {
-    SCOPED_TRACE(groups ? "ordered groups" : "persists");
-    Scenario s = ordered_groups_scenario(config::ApmPolicy::kOn);
-    s.ordered_groups = groups;
-    s.fabric.native_persistence = true;
-    s.fabric.read_flushes = false;
-    Coverage c = sweep(s);
-    EXPECT_GT(c.torn, 0u);
-    EXPECT_GT(c.unacked_survived, 0u) << "some crash kept flushed, unacknowledged persists";
+  for (auto native : {config::NativePersistence::kFlush, config::NativePersistence::kAuto}) {
+    for (bool groups : {false, true}) {
+      SCOPED_TRACE(std::string(native == config::NativePersistence::kFlush ? "native flush"
+                                                                           : "one-sided commit") +
+                   (groups ? ", ordered groups" : ", persists"));
+      Scenario s = ordered_groups_scenario(config::ApmPolicy::kOn);
+      s.native = native;
+      s.ordered_groups = groups;
+      s.fabric.native_persistence = true;
+      s.fabric.read_flushes = false;
+      Coverage c = sweep(s);
+      EXPECT_GT(c.torn, 0u);
+      EXPECT_GT(c.unacked_survived, 0u) << "some crash kept flushed, unacknowledged persists";
+      if (HasFailure()) break;
+    }
     if (HasFailure()) break;
   }
+  unsetenv("PMEM_IS_PMEM_FORCE");
+}
+
+// A pmirrord killed before it read the commit word leaves its state pool
+// behind the word: the next session continues after the word (here the
+// word is moved ahead of the state pool while the target is stopped, as
+// the NIC would have moved it), so a reopened primary's next sequence
+// follows it.
+TEST_F(CrashTest, OneSidedCommitNextSessionContinuesAfterTheWord) {
+  ASSERT_EQ(setenv("PMEM_IS_PMEM_FORCE", "1", 1), 0);
+  Scenario s;
+  s.fabric.native_persistence = true;
+  remove_files();
+  auto fabric = FakeFabric::create(s.fabric);
+  transport::fake::ScopedFabric installed(fabric, kInitiatorNode);
+  start_target(s);
+  ASSERT_NE(target_, nullptr);
+  {
+    auto volume = open_volume(/*create=*/true);
+    ASSERT_TRUE(volume.ok()) << volume.status().to_string();
+    ASSERT_EQ((*volume)->replicas().at(0).method, "one-sided-commit");
+    for (uint64_t i = 1; i <= 10; ++i) {
+      auto r = record_bytes(i);
+      std::memcpy((*volume)->data() + record_offset(i), r.data(), r.size());
+      ASSERT_TRUE((*volume)->persist(record_offset(i), r.size()).ok());
+    }
+  }
+  stop_target();
+  metadata::CopyMetadata::Options md;
+  md.path = target_path() + ".pmirror";
+  md.volume_size = kSize;
+  md.create_if_missing = false;
+  {
+    auto opened = metadata::CopyMetadata::open(md);
+    ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+    const metadata::CommitWord word = (*opened)->commit_word();
+    EXPECT_EQ(word.sequence, 10u) << "the word holds the last persist's sequence";
+    ASSERT_NE(word.generation, 0u);
+    ASSERT_TRUE((*opened)->arm_commit_word(word.generation, 25).ok());
+  }
+  start_target(s);
+  ASSERT_NE(target_, nullptr);
+  {
+    auto volume = open_volume(/*create=*/false);
+    ASSERT_TRUE(volume.ok()) << volume.status().to_string();
+    auto sequence = (*volume)->persist_async(record_offset(11), record_bytes(11).size());
+    ASSERT_TRUE(sequence.ok()) << sequence.status().to_string();
+    EXPECT_EQ(*sequence, 26u) << "the session continued after the word, not the state pool";
+    ASSERT_TRUE((*volume)->wait(*sequence).ok());
+  }
+  stop_target();
   unsetenv("PMEM_IS_PMEM_FORCE");
 }
 

@@ -148,6 +148,11 @@ class Gen {
         m.methods = static_cast<uint32_t>(below(4));
         if ((m.methods & kMethodApm) != 0 && below(2) == 1) m.methods |= kMethodPlacementOrder;
         if ((m.methods & kMethodApm) != 0 && below(2) == 1) m.methods |= kMethodNativeFlush;
+        if ((m.methods & kMethodNativeFlush) != 0 && below(2) == 1) {
+          m.methods |= kMethodOneSidedCommit;
+          m.commit_address = u64() & ~uint64_t{7};
+          m.commit_rkey = static_cast<uint32_t>(u64());
+        }
         m.generation = u64();
         m.last_sequence = u64();
         m.recv_slots = static_cast<uint32_t>(u64());
@@ -550,15 +555,16 @@ TEST(ProtocolDecodeTest, RejectsBadIdentities) {
 
 TEST(ProtocolDecodeTest, RejectsUndefinedHelloFlags) {
   Bytes b = encoded(Hello(sample_hello()));
-  put_le(b, b.size() - 4, 0x28, 4);
+  put_le(b, b.size() - 4, 0x48, 4);
   expect_rejected(b,
-                  "Hello.flags has undefined bits 0x20 (defined: cumulative acks 0x1, fence 0x2, "
-                  "lineage 0x4, placement order 0x8, native flush 0x10)");
-  put_le(b, b.size() - 4, kHelloPlacementOrder | kHelloCumulativeAcks | kHelloNativeFlush, 4);
+                  "Hello.flags has undefined bits 0x40 (defined: cumulative acks 0x1, fence 0x2, "
+                  "lineage 0x4, placement order 0x8, native flush 0x10, one-sided commit 0x20)");
+  const uint32_t known =
+      kHelloPlacementOrder | kHelloCumulativeAcks | kHelloNativeFlush | kHelloOneSidedCommit;
+  put_le(b, b.size() - 4, known, 4);
   auto decoded = decode(b);
   ASSERT_TRUE(decoded.ok()) << decoded.status().to_string();
-  EXPECT_EQ(std::get<Hello>(*decoded).flags,
-            kHelloPlacementOrder | kHelloCumulativeAcks | kHelloNativeFlush);
+  EXPECT_EQ(std::get<Hello>(*decoded).flags, known);
 }
 
 TEST(ProtocolTest, GoldenHelloWithLineageBytes) {
@@ -622,8 +628,8 @@ TEST(ProtocolDecodeTest, RejectsUndefinedMethodBits) {
   VolumeDescriptor d;
   d.methods = kMethodApm | kMethodGpspm;
   Bytes b = encoded(d);
-  put_le(b, kHeaderSize + 20, 0x1f, 4);
-  expect_rejected(b, "VolumeDescriptor.methods has undefined bits 0x10");
+  put_le(b, kHeaderSize + 20, 0x2f, 4);
+  expect_rejected(b, "VolumeDescriptor.methods has undefined bits 0x20");
   put_le(b, kHeaderSize + 20, kMethodPlacementOrder | kMethodGpspm, 4);
   expect_rejected(b, "placement order (0x4) without APM (0x1)");
   put_le(b, kHeaderSize + 20, kMethodNativeFlush | kMethodGpspm, 4);
@@ -634,6 +640,39 @@ TEST(ProtocolDecodeTest, RejectsUndefinedMethodBits) {
   auto decoded = decode(b);
   ASSERT_TRUE(decoded.ok()) << decoded.status().to_string();
   EXPECT_EQ(std::get<VolumeDescriptor>(*decoded).methods, kMethodPlacementOrder | kMethodApm);
+}
+
+// One-sided commit: the commit word's address and key follow the mac, only
+// with methods bit 4, which needs native flush; the word is 8-byte aligned.
+TEST(ProtocolDecodeTest, OneSidedCommitCarriesTheCommitWord) {
+  VolumeDescriptor d;
+  d.methods = kMethodApm | kMethodGpspm | kMethodNativeFlush | kMethodOneSidedCommit;
+  d.commit_address = 0x7f0012345678;
+  d.commit_rkey = 0xabcd;
+  Bytes b = encoded(d);
+  auto decoded = decode(b);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().to_string();
+  EXPECT_EQ(std::get<VolumeDescriptor>(*decoded), d);
+  Bytes without_word = encoded(VolumeDescriptor{});
+  EXPECT_EQ(b.size(), without_word.size() + 12) << "8 bytes of address, 4 of key";
+
+  // The bit without the fields: truncated.
+  Bytes truncated(b.begin(), b.end() - 12);
+  put_le(truncated, 8, static_cast<uint64_t>(truncated.size() - kHeaderSize), 4);
+  EXPECT_FALSE(decode(truncated).ok());
+
+  Bytes bad = b;
+  put_le(bad, kHeaderSize + 20, kMethodApm | kMethodOneSidedCommit, 4);
+  expect_rejected(bad, "one-sided commit (0x10) without native flush (0x8)");
+  bad = b;
+  put_le(bad, bad.size() - 12, 0x7f0012345679, 8);
+  expect_rejected(bad, "is not 8-byte aligned");
+
+  VolumeDescriptor stray;
+  stray.methods = kMethodApm;
+  stray.commit_rkey = 1;
+  Bytes out;
+  EXPECT_THAT(encode(stray, out).message(), HasSubstr("a commit word without one-sided commit"));
 }
 
 TEST(ProtocolDecodeTest, RejectsBadErrorReplies) {
@@ -823,8 +862,8 @@ TEST(ProtocolEncodeTest, RefusesMessagesOutsideTheLimits) {
   h.volume = std::string(kMaxNameLength + 1, 'a');
   EXPECT_THAT(encode(h, out).message(), HasSubstr("volume name is 65 bytes"));
   h = sample_hello();
-  h.flags = 0x38;
-  EXPECT_THAT(encode(h, out).message(), HasSubstr("Hello.flags has undefined bits 0x20"));
+  h.flags = 0x78;
+  EXPECT_THAT(encode(h, out).message(), HasSubstr("Hello.flags has undefined bits 0x40"));
 
   ErrorReply e{Errc::kOk, "fine"};
   EXPECT_THAT(encode(e, out).message(), HasSubstr("ErrorReply.code 0 is not a known"));
