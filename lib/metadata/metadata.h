@@ -234,6 +234,9 @@ class CopyMetadata {
   // Volatile: each peer's number of set bits, counted at open and kept up
   // to date by every change, so dirty_count() is O(1).
   std::array<uint64_t, kMaxPeers> dirty_{};
+  // The pool's file is pmem (a MAP_SYNC mapping of it works): libpmem knows
+  // only its own mappings, not libpmemobj's, so this is asked at open.
+  bool on_pmem_ = false;
 };
 
 // The default metadata path for a copy at `data_path` of volume `volume`:

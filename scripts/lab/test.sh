@@ -7,6 +7,10 @@
 #     has FLUSH and ATOMIC WRITE): the rdma transport tests and the device's
 #     capabilities; with PMIRROR_EXTENDED=1 the data-path tests too
 #     (scripts/lab/tests/guest-next-kernel.sh);
+#  1c. (PMIRROR_EXTENDED=1 only) one guest on kernel 7 (ODP too) with a
+#     build against rdma-core 56 (scripts/lab/rdma-core.sh, into
+#     $PMIRROR_BUILD56_DIR, default build-rdma56/): the transport tests and
+#     the data path once per method -- one-sided commit, native flush, APM;
 #  2. (PMIRROR_EXTENDED=1 only: scripts/test-extended.sh) two guests joined
 #     by a link with packet loss: a mirrored stream across nodes, compared
 #     by SHA-256; and one guest where pmirror-run is killed under load over
@@ -40,6 +44,18 @@ section "one guest on kernel 6.12 (rxe0 with FLUSH and ATOMIC WRITE): $next_kern
 PMIRROR_LAB_KERNEL=6.12 "$repo/scripts/lab/setup.sh"
 PMIRROR_LAB_KERNEL=6.12 "$repo/scripts/lab/run.sh" --nvdimm --timeout 1500 -- \
   "$repo/scripts/lab/tests/guest-next-kernel.sh" "$build" "${next_kernel_args[@]}"
+
+if [[ ${PMIRROR_EXTENDED:-0} == 1 ]]; then
+  section "one guest on kernel 7 (FLUSH, ATOMIC WRITE, ODP), rdma-core 56: transport, data path per method"
+  PMIRROR_LAB_KERNEL=7 "$repo/scripts/lab/setup.sh"
+  pkgconfig=$(PMIRROR_LAB_KERNEL=7 "$repo/scripts/lab/rdma-core.sh")
+  build56=${PMIRROR_BUILD56_DIR:-$repo/build-rdma56}
+  PKG_CONFIG_PATH=$pkgconfig cmake -S "$repo" -B "$build56" -G Ninja \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPMIRROR_BUILD_PROGRAMS=OFF >/dev/null
+  cmake --build "$build56" --target pmirrord transport_rdma_test data_path_test
+  PMIRROR_LAB_KERNEL=7 "$repo/scripts/lab/run.sh" --nvdimm --timeout 2400 -- \
+    "$repo/scripts/lab/tests/guest-next-kernel.sh" "$build56" --data-path
+fi
 
 # The packet-loss run does not fit CI's 60 minutes any more
 # (docs/testing.md): scripts/test-extended.sh runs it (PMIRROR_EXTENDED=1).

@@ -16,6 +16,8 @@
 #include <nlohmann/json.hpp>
 #include <pmirror/pmirror.hpp>
 #include <random>
+#include <sstream>
+#include <string>
 #include <thread>
 
 #include "region/region.h"
@@ -132,6 +134,19 @@ class DataPathTest : public ::testing::Test {
   std::vector<std::string> replica_paths_;
 };
 
+// The lines of a target's log that say why a session got a lesser method.
+std::string said_why_not(const std::string& log) {
+  std::string out;
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("no native flush") != std::string::npos ||
+        line.find("no one-sided commit") != std::string::npos) {
+      out += "\n  " + line;
+    }
+  }
+  return out.empty() ? "(nothing in its log)" : out;
+}
+
 // Random ranges of 1 B to 1 MiB, unaligned and overlapping, most small.
 struct RandomRange {
   explicit RandomRange(uint64_t seed) : rng(seed) {}
@@ -177,7 +192,8 @@ TEST_F(DataPathTest, ThousandsOfRandomPersistsReachBothReplicasByteForByte) {
     bool pmem_target = i == 0 && !test_dax().empty();
     EXPECT_EQ(r.method, test_kind() == transport::Kind::kTcp ? "apm"
                         : pmem_target ? env_or("PMIRROR_TEST_PMEM_METHOD", "apm")
-                                      : "gpspm");
+                                      : "gpspm")
+        << "target " << i << " said why: " << said_why_not(targets_[i]->log());
     EXPECT_EQ(r.acknowledged_sequence, static_cast<uint64_t>(count));
   }
   volume->reset();

@@ -37,8 +37,8 @@ struct VolumeSpec {
   std::string secret = "correct horse battery staple";
   std::string apm = "auto";
   // The copy's metadata pool; empty: one in the daemon's folder.
-  std::string metadata;
-  std::string native_persistence;  // empty: not in the file (auto)
+  std::string metadata{};
+  std::string native_persistence{};  // empty: not in the file (auto)
 };
 
 // One pmirrord, a node of its own cluster file: the node `node` (this

@@ -44,3 +44,15 @@ for method in "${methods[@]}"; do
     "$build/tests/integration/data_path_test" --gtest_brief=1 \
     --gtest_filter='DataPathTest.*:DaemonTest.Fsdax*'
 done
+# With on-demand paging an fs-dax file registers: the first target's copy
+# on the fs-dax mount instead of devdax -- mirrored, a target killed and
+# restarted, resynced, byte for byte (docs/transport-rdma.md, decision 6).
+if [[ ${best:-} == one-sided-commit ]]; then
+  fsdax_copy=$PMIRROR_LAB_PMEM_DIR/pmirror-data-path-copy.img
+  rm -f "$fsdax_copy" && fallocate -l 16MiB "$fsdax_copy"
+  echo "== kernel $(uname -r): data path over rdma (fs-dax target over ODP + file target), method one-sided-commit"
+  PMIRROR_TEST_DAX=$fsdax_copy PMIRROR_TEST_NATIVE_PERSISTENCE=auto \
+    PMIRROR_TEST_PMEM_METHOD=one-sided-commit PMIRROR_TEST_TIME_SCALE=${PMIRROR_TEST_TIME_SCALE:-10} \
+    "$build/tests/integration/data_path_test" --gtest_brief=1 --gtest_filter='DataPathTest.*'
+  rm -f "$fsdax_copy"
+fi
