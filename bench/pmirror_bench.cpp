@@ -325,7 +325,16 @@ class SpawnedTarget {
       // Beside this target's other files: two targets on devdax would
       // otherwise share /var/lib/pmirror/<volume>.pmirror (and a run would
       // meet the generations of the last).
-      if (!volume_path_.empty()) out << "    metadata: {target: " << dir_ << "/replica.pmirror}\n";
+      if (!metadata_dir_.empty()) {
+        out << "    metadata: {target: " << metadata_dir_ << "/"
+            << std::filesystem::path(dir_).parent_path().filename().string() << "-"
+            << std::filesystem::path(dir_).filename().string() << ".pmirror}\n";
+      } else if (!volume_path_.empty()) {
+        out << "    metadata: {target: " << dir_ << "/replica.pmirror}\n";
+      }
+      if (!native_persistence_.empty()) {
+        out << "    native_persistence: " << native_persistence_ << "\n";
+      }
       out << "    size: " << size << "\n"
           << "    create: true\n"
           << "    allowed_peers: [" << identity << "]\n"
@@ -383,9 +392,16 @@ class SpawnedTarget {
   // --target-volume (lab benchmark, scripts/lab/bench.sh): serve the
   // volume from this path (e.g. a devdax device) instead of DIR/replica.img.
   void set_volume_path(std::string path) { volume_path_ = std::move(path); }
+  // --native-persistence and --target-metadata-dir (issue 26's method
+  // comparisons: the commit word needs the metadata on pmem).
+  void set_native_persistence(std::string value) { native_persistence_ = std::move(value); }
+  void set_metadata_dir(std::string dir) { metadata_dir_ = std::move(dir); }
+  pid_t pid() const { return pid_; }
 
  private:
   std::string volume_path_;  // empty: dir_ + "/replica.img"
+  std::string native_persistence_;
+  std::string metadata_dir_;
   std::string daemon_;
   std::string dir_;
   std::string address_;
@@ -398,6 +414,48 @@ class SpawnedTarget {
 
 // --------------------------------------------------------------- the matrix
 
+// What the spawned pmirrords spent: CPU time (user + system, every
+// thread) and context switches (voluntary and not, every thread: each
+// wake-up is one), summed over the daemons.
+struct DaemonCost {
+  double cpu_us = 0;
+  uint64_t switches = 0;
+};
+
+DaemonCost daemon_cost(const std::vector<pid_t>& pids) {
+  DaemonCost cost;
+  const double tick_us = 1e6 / static_cast<double>(::sysconf(_SC_CLK_TCK));
+  for (pid_t pid : pids) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    // After the command's closing parenthesis: field 3 onwards; utime and
+    // stime are fields 14 and 15.
+    auto close = text.rfind(')');
+    if (close != std::string::npos) {
+      std::istringstream fields(text.substr(close + 2));
+      std::string field;
+      uint64_t utime = 0, stime = 0;
+      for (int i = 3; i <= 15 && fields >> field; ++i) {
+        if (i == 14) utime = std::stoull(field);
+        if (i == 15) stime = std::stoull(field);
+      }
+      cost.cpu_us += static_cast<double>(utime + stime) * tick_us;
+    }
+    std::error_code ec;
+    for (const auto& task :
+         std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+      std::ifstream status(task.path() / "status");
+      for (std::string line; std::getline(status, line);) {
+        if (line.starts_with("voluntary_ctxt_switches:") ||
+            line.starts_with("nonvoluntary_ctxt_switches:")) {
+          cost.switches += std::stoull(line.substr(line.find(':') + 1));
+        }
+      }
+    }
+  }
+  return cost;
+}
+
 struct Cell {
   uint64_t size = 0;
   size_t replicas = 0;
@@ -406,6 +464,10 @@ struct Cell {
   Summary latency;
   double seconds = 0;
   uint32_t writers = 1;
+  // Spawned targets only: their CPU time and context switches per persist
+  // of the cell (warm-up included), -1 otherwise.
+  double target_cpu_us_per_persist = -1;
+  double target_switches_per_persist = -1;
   double persists_per_second() const { return seconds > 0 ? latency.count / seconds : 0; }
   double mib_per_second() const {
     return persists_per_second() * static_cast<double>(size) / (1024.0 * 1024.0);
@@ -895,6 +957,8 @@ struct BenchOptions {
   uint64_t warmup = 500;
   std::string json_path;
   std::vector<std::string> target_volumes;  // --target-volume, i-th for target i (lab)
+  std::string native_persistence;           // spawned targets' volume setting ("": not set)
+  std::string target_metadata_dir;          // spawned targets' metadata pools ("": their folder)
   std::string scenario = "matrix";
   std::vector<std::string> resync_rate_args = {"unlimited", "200MiB/s"};
   std::string chunk_text = "64KiB";
@@ -949,6 +1013,11 @@ void add_options(CLI::App& app, BenchOptions& o) {
                  "spawn mode: the next target serves its volume from PATH (e.g. a devdax device "
                  "such as /dev/dax1.0, for APM over rdma) instead of a file under --dir; "
                  "repeat for the second target and on");
+  app.add_option("--native-persistence", o.native_persistence,
+                 "spawn mode: the volume's native_persistence on the targets (auto|flush|off)")
+      ->check(CLI::IsMember({"auto", "flush", "off"}));
+  app.add_option("--target-metadata-dir", o.target_metadata_dir,
+                 "spawn mode: keep the targets' metadata pools in DIR (pmem: one-sided commit)");
   app.add_flag("--keep", o.keep, "spawn mode: keep the work folder (configs, logs, volumes)");
   app.add_option("--sizes", o.size_args, "record sizes (e.g. 64,4KiB)")
       ->delimiter(',')
@@ -1118,6 +1187,8 @@ class Targets {
       if (static_cast<size_t>(i) < o.target_volumes.size()) {
         spawned_.back()->set_volume_path(o.target_volumes[i]);
       }
+      spawned_.back()->set_native_persistence(o.native_persistence);
+      spawned_.back()->set_metadata_dir(o.target_metadata_dir);
       Status started = spawned_.back()->start(o.volume_name, volume_size, o.identity, o.secret);
       if (!started.ok()) {
         return Status(started.code(),
@@ -1131,6 +1202,12 @@ class Targets {
 
   const std::vector<Endpoint>& endpoints() const { return endpoints_; }
   const std::string& work_dir() const { return work_dir_; }
+  // The first `count` spawned daemons (spawn mode; empty otherwise).
+  std::vector<pid_t> daemon_pids(size_t count) const {
+    std::vector<pid_t> pids;
+    for (size_t i = 0; i < spawned_.size() && i < count; ++i) pids.push_back(spawned_[i]->pid());
+    return pids;
+  }
 
  private:
   bool keep_;
@@ -1290,6 +1367,10 @@ Json matrix_json(const BenchOptions& o, const MatrixPlan& plan, const Targets& t
     row["seconds"] = cell.seconds;
     row["persists_per_s"] = cell.persists_per_second();
     row["mib_per_s"] = cell.mib_per_second();
+    if (cell.target_cpu_us_per_persist >= 0) {
+      row["target_cpu_us_per_persist"] = cell.target_cpu_us_per_persist;
+      row["target_switches_per_persist"] = cell.target_switches_per_persist;
+    }
     row["tcp_rtt_p50_us"] = rtt.p50;
     row["p50_over_tcp_rtt_p50"] = rtt.p50 > 0 ? cell.latency.p50 / rtt.p50 : 0.0;
     out["persist"].push_back(row);
@@ -1370,9 +1451,18 @@ int run_matrix_main(const BenchOptions& o, const MatrixPlan& plan, const Targets
       }
       for (uint32_t writers : o.writers)
         for (uint32_t depth : o.depths) {
+          const std::vector<pid_t> pids = targets.daemon_pids(replicas);
+          const DaemonCost cost_before = daemon_cost(pids);
           auto cell =
               run_cell(**volume, replicas, size, depth, writers, o.warmup, iterations, counter);
           if (!cell.ok()) return fail(cell.status().message());
+          if (!pids.empty()) {
+            const DaemonCost cost_after = daemon_cost(pids);
+            const double persists = static_cast<double>(cell->latency.count + o.warmup * writers);
+            cell->target_cpu_us_per_persist = (cost_after.cpu_us - cost_before.cpu_us) / persists;
+            cell->target_switches_per_persist =
+                static_cast<double>(cost_after.switches - cost_before.switches) / persists;
+          }
           const PingPong& pp = r.ping_pongs[size];
           // The ratio is shown for depth 1 only: deeper windows add queueing
           // to each op's latency by design (the JSON has it for every cell).
@@ -1385,6 +1475,10 @@ int run_matrix_main(const BenchOptions& o, const MatrixPlan& plan, const Targets
                       static_cast<unsigned long long>(iterations), cell->latency.p50,
                       cell->latency.p99, cell->latency.p999, cell->latency.max,
                       cell->persists_per_second(), cell->mib_per_second(), pp.rtt.p50, ratio);
+          if (cell->target_cpu_us_per_persist >= 0) {
+            std::printf("%9s target pmirrord: %.2f us CPU and %.3f context switches per persist\n",
+                        "", cell->target_cpu_us_per_persist, cell->target_switches_per_persist);
+          }
           std::fflush(stdout);
           r.cells.push_back(*cell);
         }
