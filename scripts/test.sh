@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs what pmirror needs, builds it, and runs every test: unit and
-# integration tests (ctest), the same under ASan+UBSan and under
-# ThreadSanitizer, the fuzz harnesses for a bounded time (scripts/fuzz.sh),
-# the quick start, the Debian packages (scripts/package-test.sh), and the
-# rdma tests in the QEMU lab (scripts/lab/test.sh).
+# integration tests (ctest), the same under ASan+UBSan, the quick start,
+# the Debian packages (scripts/package-test.sh), and the rdma tests in the
+# QEMU lab (scripts/lab/test.sh); with PMIRROR_EXTENDED=1
+# (scripts/test-extended.sh) also the ThreadSanitizer pass, the fuzz
+# harnesses for a bounded time (scripts/fuzz.sh) and longer runs.
 # Run as root on Debian 12. `.ci/run` calls this. docs/testing.md.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -60,7 +61,13 @@ if [[ ${PMIRROR_SKIP_ASAN:-0} != 1 ]]; then
     -E "$asan_skip")
 fi
 
-if [[ ${PMIRROR_SKIP_TSAN:-0} != 1 ]]; then
+# ThreadSanitizer (a third build and a third pass, about 900 s on CI's
+# machine) went beyond CI's 60 minutes with issue 26 (CI's run of stop 35:
+# 4049 s): it runs with PMIRROR_EXTENDED=1, before an issue that touches
+# threads, locks or the data path is resolved (docs/testing.md).
+extended=${PMIRROR_EXTENDED:-0}
+
+if [[ $extended == 1 && ${PMIRROR_SKIP_TSAN:-0} != 1 ]]; then
   stage "build with ThreadSanitizer"
   "$repo/scripts/build.sh" --tsan
   stage "tests under ThreadSanitizer"
@@ -98,7 +105,6 @@ fi
 # packages and the lab (docs/testing.md): it runs with PMIRROR_EXTENDED=1
 # (scripts/test-extended.sh), before an issue that touches a parser is
 # resolved. Every ctest run still replays the fuzz corpora.
-extended=${PMIRROR_EXTENDED:-0}
 
 if [[ $extended == 1 && ${PMIRROR_SKIP_FUZZ:-0} != 1 ]]; then
   stage "fuzzing: each harness for ${PMIRROR_FUZZ_SECONDS:-60} s"

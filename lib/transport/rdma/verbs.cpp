@@ -4,7 +4,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "common/log.h"
 
@@ -125,6 +128,21 @@ Result<int> access_flags(uint32_t access) {
   return flags;
 }
 
+bool odp_misplaces_page_crossing_copies(ibv_context* context) {
+  // Soft-RoCE (rxe, vendor id 0xFFFFFF) copies a packet into or out of an
+  // ODP registration from the start of each page and without advancing the
+  // packet's side of the copy (__rxe_odp_mr_copy, seen on Linux 7.3.4): a
+  // Write lands wrong and still completes with success. Its ATOMIC WRITE
+  // and FLUSH apply the offset: a one-page registration (the commit word,
+  // which takes nothing else) is safe.
+  constexpr uint32_t kRxeVendorId = 0xFFFFFF;
+  const char* trust = std::getenv("PMIRROR_RXE_ODP");
+  if (trust != nullptr && std::string_view(trust) == "trust") return false;
+  ibv_device_attr attr{};
+  if (ibv_query_device(context, &attr) != 0) return false;
+  return attr.vendor_id == kRxeVendorId;
+}
+
 Result<Mr> register_memory_region(ibv_pd* pd, ibv_context* context, bool odp, void* addr,
                                   size_t len, int flags, bool file_backed,
                                   const std::string& what) {
@@ -133,6 +151,16 @@ Result<Mr> register_memory_region(ibv_pd* pd, ibv_context* context, bool odp, vo
   const int err = errno;
   const std::string device = device_name(context);
   if (err == EOPNOTSUPP || (err == EINVAL && file_backed)) {
+    const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const bool crosses_a_page = reinterpret_cast<uintptr_t>(addr) % page + len > page;
+    if (odp && crosses_a_page && odp_misplaces_page_crossing_copies(context)) {
+      // A commit word (8 bytes, ATOMIC WRITE and FLUSH only) still registers.
+      return Status(Errc::kUnsupported,
+                    what + ": ibv_reg_mr: " + std::strerror(err) +
+                        "; the kernel cannot pin fsdax pages, and " + device +
+                        " is Soft-RoCE, whose on-demand paging (ODP) misplaces bytes that cross "
+                        "a page boundary; use a devdax device (/dev/daxX.Y) or a NIC with ODP");
+    }
     if (odp) {
       mr = Mr(ibv_reg_mr(pd, addr, len, flags | IBV_ACCESS_ON_DEMAND));
       if (mr) return mr;
