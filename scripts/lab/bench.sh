@@ -47,6 +47,16 @@
 #   scripts/lab/bench.sh --pmdk [BUILD_DIR]
 #   scripts/lab/bench.sh --pmdk --summarize RESULTS_DIR
 #
+# With --native (first argument; PMIRROR_LAB_KERNEL=7 or 6.12, and a build
+# against rdma-core 56, scripts/lab/README.md) it runs
+# scripts/lab/tests/guest-native-bench.sh instead: pmirror-bench once per
+# native_persistence setting (auto = one-sided commit on 7, flush, off = APM)
+# in R rounds, one target on devdax with its metadata on the fs-dax mount:
+# the persist's p50/p99 and the target's CPU time and context switches per
+# persist (issue 26). Knobs PMIRROR_LAB_BENCH_{ROUNDS,SIZES,ITERS,WARMUP,POLL}.
+#   PMIRROR_LAB_KERNEL=7 scripts/lab/bench.sh --native build-rdma56
+#   scripts/lab/bench.sh --native --summarize RESULTS_DIR
+#
 # Environment:
 #   PMIRROR_LAB_BENCH_OUT     results folder (default bench/results/lab-<date>-<host>)
 #   PMIRROR_LAB_BENCH_ROUNDS  rounds (default 5)
@@ -214,12 +224,17 @@ if [[ ${1:-} == --resync ]]; then
 elif [[ ${1:-} == --pmdk ]]; then
   mode=pmdk
   shift
+elif [[ ${1:-} == --native ]]; then
+  mode=native
+  shift
 fi
 if [[ ${1:-} == --summarize ]]; then
   if [[ $mode == resync ]]; then
     summarize_resync "${2:?usage: bench.sh --resync --summarize RESULTS_DIR}"
   elif [[ $mode == pmdk ]]; then
     summarize_pmdk "${2:?usage: bench.sh --pmdk --summarize RESULTS_DIR}"
+  elif [[ $mode == native ]]; then
+    cat "${2:?usage: bench.sh --native --summarize RESULTS_DIR}/summary.txt"
   else
     summarize "${2:?usage: bench.sh --summarize RESULTS_DIR}"
   fi
@@ -257,6 +272,12 @@ stamp=$(date +%Y%m%d-%H%M%S)-$(hostname -s)
 if [[ $mode == resync ]]; then
   out=${PMIRROR_LAB_BENCH_OUT:-$repo/bench/results/lab-$stamp-resync}
   node=${PMIRROR_LAB_BENCH_NODE:-resync}
+elif [[ $mode == native ]]; then
+  out=${PMIRROR_LAB_BENCH_OUT:-$repo/bench/results/lab-$stamp-native}
+  node=${PMIRROR_LAB_BENCH_NODE:-bench}
+  export PMIRROR_LAB_KARGS=${PMIRROR_LAB_KARGS-clocksource=tsc tsc=reliable}
+  [[ ${PMIRROR_LAB_KERNEL:-6.1} != 6.1 ]] ||
+    { echo "bench.sh --native: set PMIRROR_LAB_KERNEL=7 (or 6.12): 6.1's rxe has no FLUSH" >&2; exit 1; }
 elif [[ $mode == pmdk ]]; then
   out=${PMIRROR_LAB_BENCH_OUT:-$repo/bench/results/lab-$stamp-pmdk}
   node=${PMIRROR_LAB_BENCH_NODE:-bench}
@@ -309,6 +330,12 @@ if [[ $mode == resync ]]; then
     --timeout "${PMIRROR_LAB_BENCH_TIMEOUT:-1500}" -- \
     "$repo/scripts/lab/tests/guest-resync-bench.sh" "$build" "$out" 2>&1 | tee "$out/guest.log" ||
     status=$?
+elif [[ $mode == native ]]; then
+  # run.sh passes every PMIRROR_* variable of ours into the guest.
+  PMIRROR_LAB_TIMING=1 "$repo/scripts/lab/run.sh" --nvdimm --node "$node" --rw "$out" \
+    --timeout "${PMIRROR_LAB_BENCH_TIMEOUT:-1500}" -- \
+    "$repo/scripts/lab/tests/guest-native-bench.sh" "$build" "$out" 2>&1 | tee "$out/guest.log" ||
+    status=$?
 elif [[ $mode == pmdk ]]; then
   # Two devdax: one per volume (the libpmemobj pool's copy, the rewritten
   # program's copy). run.sh passes every PMIRROR_* variable into the guest.
@@ -339,14 +366,14 @@ if [[ $mode == resync ]]; then
   summarize_resync "$out"
   exit
 fi
-if [[ $mode == pmdk ]]; then
+if [[ $mode == pmdk || $mode == native ]]; then
   if [[ $status != 0 || ! -s $out/summary.txt ]]; then
     echo "bench.sh: the guest run failed (status $status); see $out/guest.log" >&2
     [[ $status == 0 ]] && status=1
     exit "$status"
   fi
   echo
-  summarize_pmdk "$out"
+  if [[ $mode == native ]]; then cat "$out/host.txt"; cat "$out/summary.txt"; else summarize_pmdk "$out"; fi
   exit
 fi
 if [[ $status != 0 || ! -s $out/rounds.tsv ]]; then
