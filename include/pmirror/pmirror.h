@@ -307,7 +307,10 @@ typedef struct pmirror_volume pmirror_volume;
  * -PMIRROR_E_FAILED_PRECONDITION (a replica was promoted: this copy is no
  * longer the primary), -PMIRROR_E_CONNECTION / -PMIRROR_E_TIMEOUT (fewer
  * than `ack` replicas in sync in time), -PMIRROR_E_IO (the local copy or
- * its metadata). pmirror_errormsg() names each replica at fault and why.
+ * its metadata), -PMIRROR_E_FENCED (a target fenced this copy's lineage
+ * out: another copy was promoted), -PMIRROR_E_LEASE_LOST (failover by
+ * etcd: this node's pmirror-promoter does not hold the volume's lease).
+ * pmirror_errormsg() names each replica at fault and why.
  * On error *volume_ptr is NULL and nothing is left open. A cfg with no
  * replica opens (0) but mirrors nothing: every persist is durable on the
  * local copy only; the open logs a warning and status says "local only". */
@@ -339,7 +342,11 @@ PMIRROR_EXPORT bool pmirror_is_pmem(const pmirror_volume* volume);
  * in-sync replicas (default every replica). length 0 succeeds at once.
  * Errors: -PMIRROR_E_INVALID_ARGUMENT (range outside the volume),
  * -PMIRROR_E_CONNECTION / -PMIRROR_E_TIMEOUT (fewer than `ack` replicas
- * acknowledged it; the message names each and why). */
+ * acknowledged it; the message names each and why), -PMIRROR_E_FENCED
+ * (another copy was promoted and a target fenced this primary out),
+ * -PMIRROR_E_LEASE_LOST (failover by etcd: the promoter's lease ran out
+ * or was given up; final for this opening). After either of the last two
+ * every later persist fails the same way: close the volume. */
 PMIRROR_EXPORT int pmirror_persist(pmirror_volume* volume, uint64_t offset, uint64_t length);
 /* Copies `length` bytes from `source` into the mapping at `offset`, then
  * persists them. Errors: as pmirror_persist; source may be NULL only when
