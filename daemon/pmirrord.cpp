@@ -18,6 +18,7 @@
 #include "common/fault.h"
 #include "common/log.h"
 #include "common/rfc3339.h"
+#include "common/thread_name.h"
 #include "config/config.h"
 #include "control/control.h"
 #include "defaults.h"
@@ -331,7 +332,10 @@ int main(int argc, char** argv) {
     }
   };
   try {
-    signal_thread = std::thread(signal_loop);
+    signal_thread = std::thread([&signal_loop] {
+      pmirror::name_this_thread("pmirrord-signal");
+      signal_loop();
+    });
   } catch (const std::system_error& e) {
     spdlog::critical("cannot start the signal thread: {} (is the task limit, TasksMax=, too low?)",
                      e.what());

@@ -28,6 +28,7 @@
 
 #include "common/log.h"
 #include "common/log_limit.h"
+#include "common/thread_name.h"
 #include "common/unique_fd.h"
 
 namespace pmirror::control {
@@ -474,7 +475,10 @@ class Server::Impl {
     spare_.reset();
     spare_ = UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     try {
-      accept_thread_ = std::thread([this] { accept_loop(); });
+      accept_thread_ = std::thread([this] {
+        name_this_thread("control-accept");
+        accept_loop();
+      });
     } catch (const std::system_error& e) {
       return Status(Errc::kResourceExhausted,
                     "control socket " + path_ + ": cannot start its thread: " + e.what());
@@ -649,6 +653,7 @@ class Server::Impl {
       Connection* raw = connection.get();
       try {
         raw->thread = std::thread([this, raw] {
+          name_this_thread("control-conn");
           serve(*raw);
           raw->done.store(true);
         });

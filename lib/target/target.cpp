@@ -15,6 +15,7 @@
 
 #include "common/log.h"
 #include "common/rfc3339.h"
+#include "common/thread_name.h"
 #include "protocol/protocol.h"
 #include "target/target_internal.h"
 
@@ -306,6 +307,7 @@ class Target::Impl {
   }
 
   void checkpoint_loop() {
+    name_this_thread("pmirrord-ckpt");
     std::unique_lock lock(checkpoint_mutex);
     while (!stopping.load()) {
       checkpoint_wake.wait_for(lock, options.checkpoint_interval);
@@ -395,6 +397,7 @@ Status Target::run() {
     std::lock_guard lock(impl.sessions_mutex);
     try {
       impl.sessions.push_back({std::thread([&context, done, shared] {
+                                 name_this_thread("pmirrord-sess");
                                  serve_session(context, std::move(*shared));
                                  done->store(true);
                                }),

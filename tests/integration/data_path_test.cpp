@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <pmirror/pmirror.hpp>
@@ -222,6 +223,35 @@ TEST_F(DataPathTest, AsynchronousPersistsCompleteInOrderAndArrive) {
   ASSERT_TRUE((*volume)->drain().ok());
   volume->reset();
   expect_replicas_equal_local();
+}
+
+// The names of a target's threads while it serves a session, from
+// /proc/PID/task/*/comm: what an operator reads in top -H or ps -L
+// (docs/operations.md, "Threads").
+std::vector<std::string> thread_names(pid_t pid) {
+  std::vector<std::string> names;
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  for (const auto& task : std::filesystem::directory_iterator(tasks)) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (std::getline(comm, name)) names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST_F(DataPathTest, TheTargetsThreadsSayWhatTheyDo) {
+  start_targets(1);
+  auto volume = Volume::open(options());
+  ASSERT_TRUE(volume.ok()) << volume.status().to_string();
+  ASSERT_TRUE((*volume)->persist(0, 64).ok());
+  const std::vector<std::string> names = thread_names(targets_[0]->pid());
+  for (const char* expected :
+       {"pmirrord-sess", "pmirrord-ckpt", "pmirrord-signal", "control-accept"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), expected), names.end())
+        << "no thread named " << expected << " among " << ::testing::PrintToString(names);
+  }
+  volume->reset();
 }
 
 TEST_F(DataPathTest, GpspmWhenTheTargetDoesNotPromiseApm) {
