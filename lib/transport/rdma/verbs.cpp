@@ -128,7 +128,7 @@ Result<int> access_flags(uint32_t access) {
   return flags;
 }
 
-bool odp_misplaces_page_crossing_copies(ibv_context* context) {
+bool odp_misplaces_written_bytes(ibv_context* context) {
   // Soft-RoCE (rxe, vendor id 0xFFFFFF) copies a packet into or out of an
   // ODP registration from the start of each page and without advancing the
   // packet's side of the copy (__rxe_odp_mr_copy, seen on Linux 7.3.4): a
@@ -153,13 +153,13 @@ Result<Mr> register_memory_region(ibv_pd* pd, ibv_context* context, bool odp, vo
   if (err == EOPNOTSUPP || (err == EINVAL && file_backed)) {
     const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     const bool crosses_a_page = reinterpret_cast<uintptr_t>(addr) % page + len > page;
-    if (odp && crosses_a_page && odp_misplaces_page_crossing_copies(context)) {
+    if (odp && crosses_a_page && odp_misplaces_written_bytes(context)) {
       // A commit word (8 bytes, ATOMIC WRITE and FLUSH only) still registers.
       return Status(Errc::kUnsupported,
                     what + ": ibv_reg_mr: " + std::strerror(err) +
                         "; the kernel cannot pin fsdax pages, and " + device +
-                        " is Soft-RoCE, whose on-demand paging (ODP) misplaces bytes that cross "
-                        "a page boundary; use a devdax device (/dev/daxX.Y) or a NIC with ODP");
+                        " is Soft-RoCE, whose on-demand paging (ODP) misplaces the bytes of "
+                        "RDMA Writes; use a devdax device (/dev/daxX.Y) or a NIC with ODP");
     }
     if (odp) {
       mr = Mr(ibv_reg_mr(pd, addr, len, flags | IBV_ACCESS_ON_DEMAND));

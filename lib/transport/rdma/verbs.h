@@ -138,10 +138,10 @@ Status verbs_error(Errc code, std::string_view call, const ibv_context* context,
 // without pinning it (on-demand paging): what fsdax mappings need.
 bool device_has_rc_odp(ibv_context* context);
 
-// True on Soft-RoCE, whose ODP copy misplaces the bytes of a Write
+// True on Soft-RoCE, whose ODP copy misplaces the bytes of Writes
 // (docs/transport-rdma.md, "fs-dax over ODP"); PMIRROR_RXE_ODP=trust, for a
 // lab kernel that fixes it, says false.
-bool odp_misplaces_page_crossing_copies(ibv_context* context);
+bool odp_misplaces_written_bytes(ibv_context* context);
 
 // The device's FLUSH / ATOMIC WRITE capabilities (ibv_query_device_ex:
 // device_cap_flags_ex bits 38-40, the RC ODP caps' FLUSH and ATOMIC_WRITE

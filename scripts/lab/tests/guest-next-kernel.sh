@@ -45,7 +45,7 @@ for method in "${methods[@]}"; do
     --gtest_filter='DataPathTest.*:DaemonTest.Fsdax*'
 done
 # With on-demand paging an fs-dax file registers -- except on rxe, whose ODP
-# misplaces bytes that cross a page (docs/transport-rdma.md, "fs-dax over
+# misplaces the bytes of Writes (docs/transport-rdma.md, "fs-dax over
 # ODP"): the transport tests above saw it refused. PMIRROR_RXE_ODP=trust
 # lifts the refusal: the canary below shows whether this kernel still has
 # the defect; where it does not, the data path runs with the first target's

@@ -274,7 +274,7 @@ TEST_F(RdmaTransport, FsdaxFileRegistersWithOdpOrSaysWhyNot) {
   if (mr.ok()) {
     std::cout << "  fsdax registration worked (ODP)\n";
     EXPECT_TRUE(env_or("PMIRROR_LAB_KERNEL", "6.1") != "7" || trusted)
-        << "rxe's ODP misplaces page-crossing bytes: the registration should be refused";
+        << "rxe's ODP misplaces written bytes: the registration should be refused";
     // Bytes that cross page boundaries, at an odd offset, arrive exactly
     // (rxe on 7.3.4 fails this, which is why it is refused without
     // PMIRROR_RXE_ODP=trust: docs/transport-rdma.md, "fs-dax over ODP").
