@@ -50,6 +50,11 @@ uint32_t offered_methods(const transport::Capabilities& transport,
   return methods;
 }
 
+bool checkpoint_due(ServedVolume& volume) {
+  std::lock_guard record_lock(volume.record_mutex);
+  return volume.applied_sequence.load() != volume.recorded_sequence;
+}
+
 Status checkpoint(state::StateStore& state, ServedVolume& volume) {
   std::lock_guard record_lock(volume.record_mutex);
   uint64_t applied = volume.applied_sequence.load();
@@ -158,8 +163,7 @@ class Target::Impl {
   // Checkpoints every volume's progress into the state pool while sessions
   // run; sessions checkpoint once more when they end.
   std::thread checkpointer;
-  std::mutex checkpoint_mutex;
-  std::condition_variable checkpoint_wake;
+  CheckpointBell checkpoint_bell;
 
   std::shared_ptr<ServedVolume> find(const std::string& name) const {
     std::lock_guard lock(volumes_mutex);
@@ -308,10 +312,19 @@ class Target::Impl {
 
   void checkpoint_loop() {
     name_this_thread("pmirrord-ckpt");
-    std::unique_lock lock(checkpoint_mutex);
+    bool idle = false;
     while (!stopping.load()) {
-      checkpoint_wake.wait_for(lock, options.checkpoint_interval);
+      checkpoint_bell.wait(idle, options.checkpoint_interval, [&] {
+        if (stopping.load()) return true;
+        for (auto& volume : all_volumes()) {
+          if (checkpoint_due(*volume)) return true;
+        }
+        return false;
+      });
+      idle = true;
       for (auto& volume : all_volumes()) {
+        if (!checkpoint_due(*volume)) continue;
+        idle = false;
         if (Status saved = checkpoint(*state, *volume); !saved.ok()) {
           log::error("volume {}: checkpoint: {}", volume->config.name, saved.to_string());
         }
@@ -378,9 +391,10 @@ Result<std::unique_ptr<Target>> Target::start(const config::DaemonConfig& config
 Status Target::run() {
   Impl& impl = *impl_;
   SessionContext context{
-      impl.options,  impl.config.node,
-      *impl.state,   [&impl](const std::string& name) { return impl.find(name); },
-      impl.stopping, impl.admission};
+      impl.options,        impl.config.node,
+      *impl.state,         [&impl](const std::string& name) { return impl.find(name); },
+      impl.stopping,       impl.admission,
+      impl.checkpoint_bell};
   try {
     impl.checkpointer = std::thread([&impl] { impl.checkpoint_loop(); });
   } catch (const std::system_error& e) {
@@ -410,13 +424,16 @@ Status Target::run() {
     return Status::Ok();
   });
   while (!impl.stopping.load()) {
-    bool open = admission.step(std::chrono::milliseconds(200));
+    // A second when nothing happens: a handshake's deadline and a stop
+    // (the listener's shutdown) end the wait sooner; ended sessions' threads
+    // are joined a second late at most.
+    bool open = admission.step(std::chrono::milliseconds(1000));
     impl.reap(false);
     if (!open) break;
   }
   admission.close_all();
   impl.reap(true);
-  impl.checkpoint_wake.notify_all();
+  impl.checkpoint_bell.ring_always();
   if (impl.checkpointer.joinable()) impl.checkpointer.join();
   // Sessions checkpoint as they end; this catches anything left.
   for (auto& volume : impl.all_volumes()) {
@@ -430,7 +447,8 @@ Status Target::run() {
 void Target::stop() {
   if (impl_->stopping.exchange(true)) return;
   if (impl_->listener) impl_->listener->shutdown();
-  impl_->checkpoint_wake.notify_all();
+  for (auto& volume : impl_->all_volumes()) volume->wake_sessions();
+  impl_->checkpoint_bell.ring_always();
 }
 
 uint16_t Target::port() const { return impl_->listener->port(); }
@@ -546,6 +564,7 @@ Result<ReloadResult> Target::reload(const config::DaemonConfig& config, bool dry
     volume->poll = volume_config->poll;  // sessions that start from now on
     if (access_changed) {
       ++volume->access_version;  // its session checks its identity again
+      volume->wake_sessions();
       std::string peers;
       for (const auto& peer : volume_config->allowed_peers) {
         peers += (peers.empty() ? "" : ", ") + peer;
@@ -558,6 +577,7 @@ Result<ReloadResult> Target::reload(const config::DaemonConfig& config, bool dry
     for (auto& n : next) still_served = still_served || n == v;
     if (!still_served) {
       v->removed = true;  // its session ends at its next idle moment
+      v->wake_sessions();
       bool renamed_or_changed = false;
       for (auto& name : changed) renamed_or_changed = renamed_or_changed || name == v->config.name;
       if (!renamed_or_changed) removed.push_back(v->config.name);

@@ -78,6 +78,7 @@ Status WriterClaim::claim_for_command(ServedVolume& volume, const std::string& c
     volume.evict_reason = evict_reason;
     volume.evict_code = evict_code;
     volume.evict = true;
+    volume.wake_sessions_locked();
     if (evicted != nullptr) *evicted = true;
   }
   volume.admin = command;  // from here on, no new session claims the volume

@@ -115,6 +115,40 @@ struct ServedVolume {
   // The newest sessions first, at most kKeptSessions; guarded by mutex.
   static constexpr size_t kKeptSessions = 4;
   std::deque<std::shared_ptr<SessionRecord>> sessions;
+
+  // The connections of the sessions serving the volume now (ServingSession),
+  // guarded by mutex. An idle session sleeps up to a second between looks
+  // (one-sided commit sends it nothing while persists run): whatever ends
+  // or changes a session from outside -- an eviction or fence, a reload, a
+  // stop -- sets its flag above and then wakes them, so that it acts at once.
+  std::vector<transport::Connection*> serving;
+  void wake_sessions_locked() {
+    for (transport::Connection* connection : serving) connection->wake();
+  }
+  void wake_sessions() {
+    std::lock_guard lock(mutex);
+    wake_sessions_locked();
+  }
+};
+
+// A session's connection in ServedVolume::serving while it serves.
+class ServingSession {
+ public:
+  ServingSession(ServedVolume& volume, transport::Connection& connection)
+      : volume_(volume), connection_(&connection) {
+    std::lock_guard lock(volume_.mutex);
+    volume_.serving.push_back(connection_);
+  }
+  ~ServingSession() {
+    std::lock_guard lock(volume_.mutex);
+    std::erase(volume_.serving, connection_);
+  }
+  ServingSession(const ServingSession&) = delete;
+  ServingSession& operator=(const ServingSession&) = delete;
+
+ private:
+  ServedVolume& volume_;
+  transport::Connection* connection_;
 };
 
 // Releases a volume's writer claim when the session ends, however it ends.
@@ -182,6 +216,53 @@ std::vector<FenceOutcome> fence_peers(const config::ClusterConfig& cluster,
 
 // Writes a volume's published progress to the state pool if it moved.
 Status checkpoint(state::StateStore& state, ServedVolume& volume);
+// Whether the volume's published progress is ahead of what is recorded.
+bool checkpoint_due(ServedVolume& volume);
+
+// How the checkpointer sleeps: checkpoint_interval while progress keeps
+// coming; once a round finds nothing to record, until a session rings
+// (publishes progress) or a stop, at most kIdleCheckpointWait -- so that
+// a daemon whose sessions are idle or one-sided does not tick ten times a
+// second for nothing.
+class CheckpointBell {
+ public:
+  static constexpr std::chrono::milliseconds kIdleCheckpointWait{1000};
+  // A session, after publishing progress: one load while the checkpointer
+  // is busy or ticking.
+  void ring() {
+    if (!asleep_.load()) return;
+    ring_always();
+  }
+  // A stop: wakes the checkpointer however it sleeps.
+  void ring_always() {
+    {
+      std::lock_guard lock(mutex_);
+      rung_ = true;
+    }
+    wake_.notify_all();
+  }
+  // The checkpointer, between rounds. `idle`: its last round recorded
+  // nothing; `due` (asked after ring() is armed, so that progress published
+  // meanwhile is not slept through) says whether some volume moved since.
+  template <typename Due>
+  void wait(bool idle, std::chrono::milliseconds interval, Due due) {
+    std::unique_lock lock(mutex_);
+    if (!idle) {
+      wake_.wait_for(lock, interval, [&] { return rung_; });
+    } else {
+      asleep_.store(true);
+      if (!due()) wake_.wait_for(lock, kIdleCheckpointWait, [&] { return rung_; });
+      asleep_.store(false);
+    }
+    rung_ = false;
+  }
+
+ private:
+  std::atomic<bool> asleep_{false};
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool rung_ = false;  // guarded by mutex_
+};
 
 // What the target counts about peers before they authenticate (the
 // transport's own counts come from Listener::admission()).
@@ -200,6 +281,7 @@ struct SessionContext {
   std::function<std::shared_ptr<ServedVolume>(const std::string& name)> find_volume;
   const std::atomic<bool>& stopping;
   AdmissionStats& admission;
+  CheckpointBell& checkpoint_bell;
 };
 
 // An initiator that has proven the volume's secret: what its session

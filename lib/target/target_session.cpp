@@ -21,6 +21,12 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
+// How long an idle session sleeps between looks (never past a quarter of
+// session_timeout), and how long a cumulative CommitAck may wait for more
+// Commits before it goes out alone.
+constexpr std::chrono::milliseconds kIdleTick = 1s;
+constexpr std::chrono::milliseconds kAckIdle = 100ms;
+
 struct Bookkeeping {
   uint64_t generation = 0;
   uint64_t last_sequence = 0;
@@ -402,6 +408,7 @@ class Session {
     record_.persists += word.sequence - book_.last_sequence;
     book_.last_sequence = word.sequence;
     volume_.applied_sequence.store(book_.last_sequence);
+    context_.checkpoint_bell.ring();
     record_.acknowledged = word.sequence;
     return true;
   }
@@ -516,9 +523,19 @@ class Session {
     messenger_.connection().set_poll_mode(volume_.poll.load());
     auto last_heard = Clock::now();
     std::vector<protocol::Message> messages;
+    // Woken by whatever ends or changes it from outside (ServingSession).
+    const ServingSession serving(volume_, *peer_.connection);
+    // An idle session looks around this often: the one-sided commit's word,
+    // a silent peer. Long, so that a one-sided session's thread does not
+    // tick while persists run (docs/operations.md, "Threads"); a pending
+    // cumulative CommitAck goes out after kAckIdle.
+    const auto idle_tick = std::min<std::chrono::milliseconds>(
+        kIdleTick,
+        std::max<std::chrono::milliseconds>(kAckIdle, context_.options.session_timeout / 4));
     while (open_) {
       messages.clear();
-      if (Status pumped = messenger_.pump(100ms, messages); !pumped.ok()) {
+      const auto wait = unacked_commits_ > 0 ? kAckIdle : idle_tick;
+      if (Status pumped = messenger_.pump(wait, messages); !pumped.ok()) {
         end_reason_ = pumped.to_string();
         return;
       }
@@ -624,6 +641,7 @@ class Session {
   void record_update(uint64_t sequence, const std::vector<protocol::Range>& ranges) {
     book_.last_sequence = sequence;
     volume_.applied_sequence.store(book_.last_sequence);
+    context_.checkpoint_bell.ring();
     record_.persists += ranges.size();
     for (const auto& range : ranges) record_.bytes += range.length;
     record_.acknowledged = sequence;

@@ -278,6 +278,13 @@ class Connection {
   // Disconnects; pending operations complete with errors. Idempotent.
   virtual void shutdown() = 0;
 
+  // Makes a poll() under way, or else the next one, return at once with
+  // what it has (perhaps nothing): for another thread that changed what the
+  // poller should look at (a fence, a reload, a stop), so that the poller
+  // can sleep long between looks. Thread-safe; never blocks; a wake with no
+  // poll to end is spent by the next poll. Default: none (poll periodically).
+  virtual void wake() {}
+
   // Changes how poll() waits from now on (the passive side learns the
   // volume, and so its poll mode, only after accepting). Thread-safe.
   virtual void set_poll_mode(PollMode /*mode*/) {}

@@ -110,6 +110,7 @@ struct End {
   ConnectionOptions options;
   bool alive = true;  // the Connection object exists
   bool broken = false;
+  bool woken = false;  // wake() since the last poll()
   Status reason;
   std::deque<Wr> sq;
   std::deque<Cqe> cq;
@@ -829,8 +830,9 @@ class FakeConnection final : public Connection {
     ScopeDepth fabric_code(fabric_code_depth);
     std::unique_lock lk(hub_->mu);
     End& e = hub_->ends.at(id_);
-    if (e.cq.empty() && !e.broken && timeout.count() > 0 && !out.empty())
-      hub_->cv.wait_for(lk, timeout, [&] { return !e.cq.empty() || e.broken; });
+    if (e.cq.empty() && !e.broken && !e.woken && timeout.count() > 0 && !out.empty())
+      hub_->cv.wait_for(lk, timeout, [&] { return !e.cq.empty() || e.broken || e.woken; });
+    e.woken = false;
     size_t n = 0;
     while (n < out.size() && !e.cq.empty()) {
       Cqe& c = e.cq.front();
@@ -876,6 +878,12 @@ class FakeConnection final : public Connection {
                         ? Status()
                         : hub_->lost(peer->second, "the peer closed the connection");
     hub_->break_pair(e, std::move(mine), std::move(theirs));
+  }
+
+  void wake() override {
+    std::lock_guard lk(hub_->mu);
+    hub_->ends.at(id_).woken = true;
+    hub_->cv.notify_all();
   }
 
   const ConnectionOptions& options() const override { return options_; }

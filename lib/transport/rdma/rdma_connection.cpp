@@ -3,6 +3,8 @@
 #include <arpa/inet.h>
 #include <endian.h>
 #include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -345,8 +347,12 @@ RdmaConnection::RdmaConnection(std::shared_ptr<Endpoint> endpoint, const Connect
       signal_every_(std::max<uint32_t>(1, options.max_outstanding / 4)),
       ring_(options.max_outstanding),
       recv_posted_(options.recv_slots, true),
+      wake_fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
       spin_(options.poll_mode),
       ticket_(std::move(ticket)) {
+  if (!wake_fd_.valid())
+    log::warn("rdma: eventfd for the connection to {}: {}; a wake waits for the poller's timeout",
+              endpoint_->peer, std::strerror(errno));
   // rdma_cm leaves min_rnr_timer at 0, which IB encodes as 655 ms: a sender
   // that meets an empty receive queue would pause that long. 12 = 0.64 ms.
   // (Allowed RTS->RTS; a device that refuses keeps working, just slower.)
@@ -930,6 +936,7 @@ Result<size_t> RdmaConnection::poll(std::span<Completion> out, std::chrono::mill
         return n;
       }
       if (room_freed_locked()) return size_t{0};
+      if (take_wake()) return size_t{0};
       handle_cm_events_locked();
       if (broken_) {
         n = synthesize_errors_locked(out);
@@ -955,6 +962,7 @@ Result<size_t> RdmaConnection::poll(std::span<Completion> out, std::chrono::mill
           }
           if (room_freed_locked()) return size_t{0};
         }
+        if (take_wake()) return size_t{0};
         relax(spins);
         now = Clock::now();
       }
@@ -972,9 +980,14 @@ Result<size_t> RdmaConnection::poll(std::span<Completion> out, std::chrono::mill
       }
       if (room_freed_locked()) return size_t{0};
     }
-    pollfd fds[2] = {{endpoint_->comp->fd, POLLIN, 0}, {endpoint_->channel->fd, POLLIN, 0}};
+    // The wake eventfd last: a wake() after take_wake() above makes it
+    // readable, and the loop's top returns.
+    pollfd fds[3] = {{endpoint_->comp->fd, POLLIN, 0},
+                     {endpoint_->channel->fd, POLLIN, 0},
+                     {wake_fd_.get(), POLLIN, 0}};
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
-    const int rc = ::poll(fds, 2, static_cast<int>(std::max<int64_t>(0, left.count())));
+    const int rc =
+        ::poll(fds, wake_fd_.valid() ? 3 : 2, static_cast<int>(std::max<int64_t>(0, left.count())));
     if (rc < 0 && errno != EINTR) return errno_status(Errc::kIoError, "poll", errno);
     if (rc > 0 && (fds[0].revents & POLLIN) != 0) {
       std::lock_guard lock(mu_);
@@ -984,6 +997,25 @@ Result<size_t> RdmaConnection::poll(std::span<Completion> out, std::chrono::mill
         ibv_ack_cq_events(cq, 1);  // acked at once: destroy_cq waits for acks
     }
   }
+}
+
+void RdmaConnection::wake() {
+  wake_requested_.store(true);
+  if (wake_fd_.valid()) {
+    const uint64_t one = 1;
+    // EAGAIN (the counter is full) still leaves it readable: nothing to do.
+    [[maybe_unused]] ssize_t written = ::write(wake_fd_.get(), &one, sizeof(one));
+  }
+}
+
+bool RdmaConnection::take_wake() {
+  if (!wake_requested_.load(std::memory_order_relaxed) || !wake_requested_.exchange(false))
+    return false;
+  if (wake_fd_.valid()) {
+    uint64_t count = 0;
+    [[maybe_unused]] ssize_t drained = ::read(wake_fd_.get(), &count, sizeof(count));
+  }
+  return true;
 }
 
 bool RdmaConnection::room_freed_locked() {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/unique_fd.h"
 #include "transport/admission.h"
 #include "transport/rdma/verbs.h"
 #include "transport/spin.h"
@@ -108,6 +110,7 @@ class RdmaConnection final : public Connection {
   std::span<const std::byte> recv_data(uint32_t slot, uint32_t byte_len) const override;
   Status repost_recv(uint32_t slot) override;
   void shutdown() override;
+  void wake() override;
   const ConnectionOptions& options() const override { return options_; }
   std::string peer_address() const override { return endpoint_->peer; }
   FabricPersistence fabric_persistence() const override { return endpoint_->fabric; }
@@ -151,6 +154,8 @@ class RdmaConnection final : public Connection {
   size_t synthesize_errors_locked(std::span<Completion> out);
   Status flushed_status_locked(std::string_view what) const;
   bool room_freed_locked();
+  // A wake() not yet seen by poll(): true once (drains the eventfd).
+  bool take_wake();
   Status post_recv_locked(uint32_t slot);
 
   std::shared_ptr<Endpoint> endpoint_;
@@ -174,6 +179,10 @@ class RdmaConnection final : public Connection {
   bool starved_ = false;     // a post was refused with kResourceExhausted
   bool room_freed_ = false;  // ... and room was reclaimed since
   Status broken_reason_;
+  // wake(): the flag says so, the eventfd ends poll(2) (-1: could not be
+  // made; poll() then sees the flag within its timeout or spin slice).
+  std::atomic<bool> wake_requested_{false};
+  UniqueFd wake_fd_;
   std::mutex poll_mu_;  // one poller sleeps at a time
   SpinPolicy spin_;     // how poll() waits (thread-safe)
   std::unique_ptr<AdmissionControl::Ticket> ticket_;  // owner's thread only

@@ -122,6 +122,14 @@ TcpConnection::~TcpConnection() {
   shutdown();
 }
 
+void TcpConnection::wake() {
+  {
+    std::lock_guard lk(mu_);
+    woken_ = true;
+  }
+  cq_cv_.notify_all();
+}
+
 int TcpConnection::wait_fd() const {
   std::lock_guard lk(mu_);
   return dormant_ ? fd_.get() : -1;
@@ -429,7 +437,7 @@ Result<size_t> TcpConnection::poll(std::span<Completion> out, std::chrono::milli
     auto deadline = Clock::now() + timeout;
     for (;;) {
       if (!broken_) dormant_io_locked();
-      if (!cq_.empty() || flushed_ || out.empty()) break;
+      if (!cq_.empty() || flushed_ || out.empty() || woken_) break;
       // No slot to receive into (the application holds them all): nothing
       // can arrive before it reposts one, which only this thread can do.
       bool rnr = posted_count_ == 0 && in_got_ == 0 && !in_payload_;
@@ -445,8 +453,9 @@ Result<size_t> TcpConnection::poll(std::span<Completion> out, std::chrono::milli
             errno_status(Errc::kConnectionError, "connection to " + peer_address_ + ": poll", err));
       }
     }
-  } else if (cq_.empty() && !flushed_ && !room_made_ && timeout.count() > 0 && !out.empty()) {
-    const auto ready = [&] { return !cq_.empty() || flushed_ || room_made_; };
+  } else if (cq_.empty() && !flushed_ && !room_made_ && !woken_ && timeout.count() > 0 &&
+             !out.empty()) {
+    const auto ready = [&] { return !cq_.empty() || flushed_ || room_made_ || woken_; };
     const auto start = Clock::now();
     const auto deadline = start + timeout;
     // Spin first (PollMode): the receiver thread fills cq_ under mu_, which
@@ -469,6 +478,7 @@ Result<size_t> TcpConnection::poll(std::span<Completion> out, std::chrono::milli
     if (!cq_.empty()) spin_.observed(Clock::now() - start);
   }
   room_made_ = false;
+  woken_ = false;
   size_t n = 0;
   while (n < out.size() && !cq_.empty()) {
     Cqe& e = cq_.front();

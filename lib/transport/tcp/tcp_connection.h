@@ -72,6 +72,11 @@ class TcpConnection final : public Connection {
   std::span<const std::byte> recv_data(uint32_t slot, uint32_t byte_len) const override;
   Status repost_recv(uint32_t slot) override;
   void shutdown() override;
+  // An active connection's poll under way returns at once; a dormant one's
+  // (before activate(): the caller's thread sleeps on the socket) at its
+  // next look -- nobody wakes a handshake, and an eventfd per
+  // unauthenticated connection would cost a flood one more descriptor each.
+  void wake() override;
   const ConnectionOptions& options() const override { return options_; }
   std::string peer_address() const override { return peer_address_; }
   Status activate() override;
@@ -239,6 +244,7 @@ class TcpConnection final : public Connection {
   // that a caller waiting for room does not sleep to its timeout.
   bool room_wanted_ = false;
   bool room_made_ = false;  // since then; poll() returns at once and clears it
+  bool woken_ = false;      // wake() since the last poll(): it returns at once
 
   // Responses queued by the receiver for the sender (FIFO ring). Sized for
   // the peer's declared max_outstanding reads plus one ERROR frame.

@@ -287,6 +287,55 @@ TEST_P(TransportContract, EveryPollModeDeliversCompletionsAndWaitsOutItsTimeout)
   }
 }
 
+// wake() (transport.h): what a target's idle session sleeps on. The bounds
+// below are the poll's timeout, far above any wake's latency: a busy
+// machine cannot fail them, a wake that does not wake can.
+TEST_P(TransportContract, WakeEndsAPollUnderWayOrElseTheNextOneOnce) {
+  for (PollMode mode : {PollMode::kEvent, PollMode::kAdaptive, PollMode::kBusy}) {
+    SCOPED_TRACE(std::string(poll_mode_name(mode)));
+    ConnectionOptions options;
+    options.poll_mode = mode;
+    auto p = make_pair(options);
+    ASSERT_TRUE(p.active && p.passive);
+    p.passive->set_poll_mode(mode);
+    Completion got[4];
+    // A poll under way, woken from another thread.
+    std::atomic<bool> polling{false};
+    Result<size_t> woken(Errc::kInternal, "not run");
+    Clock::duration waited{};
+    std::thread poller([&] {
+      polling = true;
+      const auto start = Clock::now();
+      woken = p.passive->poll(got, 60s);
+      waited = Clock::now() - start;
+    });
+    while (!polling) std::this_thread::yield();
+    std::this_thread::sleep_for(20ms);  // most likely asleep by now; either way it must return
+    p.passive->wake();
+    poller.join();
+    ASSERT_TRUE(woken.ok()) << woken.status().to_string();
+    EXPECT_EQ(*woken, 0u);
+    EXPECT_LT(waited, 50s) << "the poll slept to its timeout: wake() did not end it";
+    // A wake with no poll under way is kept for the next poll, and spent by it.
+    p.passive->wake();
+    auto start = Clock::now();
+    auto next = p.passive->poll(got, 60s);
+    ASSERT_TRUE(next.ok()) << next.status().to_string();
+    EXPECT_EQ(*next, 0u);
+    EXPECT_LT(Clock::now() - start, 50s) << "a wake before the poll was lost";
+    start = Clock::now();
+    auto after = p.passive->poll(got, 30ms);
+    ASSERT_TRUE(after.ok()) << after.status().to_string();
+    EXPECT_EQ(*after, 0u);
+    EXPECT_GE(Clock::now() - start, 29ms) << "one wake ended two polls";
+    // Completions still come as before.
+    ASSERT_TRUE(p.active->post_send(bytes_of("after wake"), 7).ok());
+    auto r = wait_for(*p.passive, 1);
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_EQ(r[0].opcode, Opcode::kRecv);
+  }
+}
+
 TEST_P(TransportContract, ManyRandomWritesThenReadEachBack) {
   ConnectionOptions opt;
   opt.max_outstanding = 32;
