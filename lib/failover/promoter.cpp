@@ -40,6 +40,8 @@ constexpr milliseconds kHookTimeout{30000};
 // at most each, in parallel).
 constexpr milliseconds kStatusTimeout{5000};
 constexpr milliseconds kPromoteTimeout{40000};
+// A copy's generation in pmirrord's status when it never received data.
+constexpr const char* kNoGeneration = "0000000000000000";
 
 int64_t unix_ms() {
   return std::chrono::duration_cast<milliseconds>(
@@ -699,11 +701,16 @@ struct Promoter::Impl {
     start_hook(v);
   }
 
-  // The configured primary whose copy nobody fenced needs no promotion
-  // (its application opens it as the file says); any other copy is
-  // promoted, with fencing. A writer still connected here (an old primary
-  // that lost its lease but kept its connection) is ended: the lease says
-  // it may no longer write.
+  // Every taker promotes its copy, fencing the others -- the configured
+  // primary taking its volume back too: its copy may have been another
+  // primary's replica since, whose frozen session still holds it and whose
+  // other replicas must stop taking that primary's writes. Two cases need
+  // no promotion: a new cluster's configured primary (its copy has no data
+  // yet and nobody else has written: its application opens it as the file
+  // says), and a copy this node's application holds open already (the
+  // promoter restarted under it). A writer still connected here (an old
+  // primary that lost its lease but kept its connection) is ended: the
+  // lease says it may no longer write.
   Status promote_copy(const Volume& v) {
     if (v.config->primary == options.node) {
       auto status = control::request(socket, {{"command", "status"}}, kStatusTimeout);
@@ -711,7 +718,9 @@ struct Promoter::Impl {
         for (const auto& entry : (*status)["volumes"]) {
           if (str(entry, "name") != v.config->name) continue;
           const json copy = entry.value("copy", json::object());
-          if (!copy.contains("fence")) return Status::Ok();
+          if (copy.value("in_use_by_local_primary", false)) return Status::Ok();
+          const bool fresh = str(copy, "generation") == kNoGeneration && !copy.contains("fence");
+          if (fresh) return Status::Ok();
         }
       }
     }

@@ -440,6 +440,35 @@ TEST_F(FailoverTest, FrozenPrimaryIsFencedAndComesBackAsAReplica) {
       },
       60s, 200ms))
       << "a's copy did not come back as a replica of " << next << diagnostics();
+
+  // Now the new primary freezes, and a -- the configured primary, whose copy
+  // the first fence never reached -- takes the volume back. That is a
+  // promotion like any other: the frozen primary's session on a's pmirrord
+  // is ended (a's application must not wait for it to time out) and the
+  // third copy is fenced against it. docs/failover.md, section 2.
+  EventRecorder other_daemon(dir_->file(other + ".sock"));
+  const pid_t old_application = application_pid("a");
+  promoters_[next]->signal(SIGSTOP);
+  kill_application(next, SIGSTOP);
+  ASSERT_TRUE(testing::eventually(
+      [&] { return application_pid("a") != old_application && last_acked(out_of("a")) >= 50; },
+      60s, 50ms))
+      << "a did not take its volume back" << diagnostics();
+  ASSERT_TRUE(testing::eventually(
+      [&] {
+        return other_daemon.find("to", "closed", "fence recorded: promoted on node a").has_value();
+      },
+      10s))
+      << "taking the volume back fenced nothing on " << other << ": "
+      << json(other_daemon.events()).dump(2) << diagnostics();
+  // Thawed, the second primary (idle: its 300 records are written) gives
+  // the volume up; a writes on.
+  kill_application(next, SIGCONT);
+  promoters_[next]->signal(SIGCONT);
+  const uint64_t a_acked = last_acked(out_of("a"));
+  ASSERT_TRUE(
+      testing::eventually([&] { return last_acked(out_of("a")) >= a_acked + 50; }, 30s, 50ms))
+      << diagnostics();
 }
 
 // One etcd member of three dies: nothing changes (the primary keeps its
