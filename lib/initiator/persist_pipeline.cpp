@@ -84,6 +84,9 @@ Status PersistPipeline::wait(std::unique_lock<std::mutex>& lock, uint64_t sequen
       collect(lock, *next->replica, kWaitSlice);
       continue;
     }
+    // A lapsed lease says why better than the replicas it cost (a frozen
+    // primary thawed: its connections were shut by the fence).
+    PMIRROR_RETURN_IF_ERROR(check_lease());
     if (!core_.options.block_when_insufficient) {
       return Status(Errc::kConnectionError,
                     "persist " + std::to_string(sequence) + " of volume '" + core_.options.name +

@@ -362,6 +362,27 @@ TEST_F(LeaseTest, PersistsStopOnceTheDeadlinePassesForGood) {
   EXPECT_NE(target_bytes(0)[0], std::byte{0x44});
 }
 
+// A persist posted while the lease held, whose replica then went (a fence
+// shuts the old primary's connection) while the lease lapsed -- a frozen
+// primary thawed: it fails with the reason the application can act on,
+// `lease lost`, not with the connection error that followed from it.
+TEST_F(LeaseTest, APersistThatOutlivedItsLeaseAndItsReplicaSaysLeaseLost) {
+  start_targets(1);
+  auto writer = promoter();
+  writer.publish(failover::monotonic_now_ns() + 60 * kSecond, 101);
+  auto opened = open_leased();
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  Volume& volume = **opened;
+  ASSERT_TRUE(volume.write(8192, page(std::byte{0x11}).data(), 4096).ok());
+
+  stop_target(0);
+  auto posted = volume.persist_async(8192, 4096);
+  writer.publish(failover::monotonic_now_ns() - 1, 101);
+  Status waited = posted.ok() ? volume.wait(*posted) : posted.status();
+  EXPECT_EQ(waited.code(), Errc::kLeaseLost) << waited.to_string();
+  EXPECT_NE(waited.message().find("lease lost"), std::string::npos) << waited.message();
+}
+
 TEST_F(LeaseTest, OpeningWithoutALeaseFailsBeforeTouchingAnything) {
   start_targets(1);
   auto missing = open_leased();
