@@ -50,9 +50,9 @@ Work VolumeSupervisor::supervise() {
 
 Work VolumeSupervisor::supervise(Peer& peer) {
   Work work = Work::kIdle;
-  if (peer.held_by_operator) {
-    // `pmirrorctl disconnect`: a connection attempt that was under way is
-    // closed as it completes; none is started until `connect`.
+  // A connection attempt that was under way when the peer was given up is
+  // closed as it completes.
+  auto close_late_connect = [&] {
     if (peer.connecting.valid() &&
         peer.connecting.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
       auto late = peer.connecting.get();
@@ -61,6 +61,25 @@ Work VolumeSupervisor::supervise(Peer& peer) {
         core_.reaper.reap(std::move(late).value());
       }
     }
+  };
+  if (!core_.fenced.ok()) {
+    // This primary may no longer write (fenced, or its lease lapsed): its
+    // sessions end now, so that the copies are the new primary's at once
+    // (a session left open holds a copy's writer claim), and none starts
+    // again -- a fenced primary reconnecting would only be refused, over and
+    // over. The application must close the volume.
+    close_late_connect();
+    const std::string why = core_.fenced.message() + "; not reconnecting: close the volume";
+    if (peer.live()) {
+      peers_.drop(peer, Status(core_.fenced.code(), why), supervisor::PeerState::kRefused);
+    } else if (!peer.connecting.valid() && peer.state.state() != supervisor::PeerState::kRefused) {
+      peer.state.transition(supervisor::PeerState::kRefused, why);
+    }
+    return work;
+  }
+  if (peer.held_by_operator) {
+    // `pmirrorctl disconnect`: none is started until `connect`.
+    close_late_connect();
     if (peer.live()) peers_.drop(peer, Status(Errc::kClosed, "disconnected by an operator"));
     return work;
   }

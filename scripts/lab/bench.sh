@@ -53,7 +53,10 @@
 # native_persistence setting (auto = one-sided commit on 7, flush, off = APM)
 # in R rounds, one target on devdax with its metadata on the fs-dax mount:
 # the persist's p50/p99 and the target's CPU time and context switches per
-# persist (issue 26). Knobs PMIRROR_LAB_BENCH_{ROUNDS,SIZES,ITERS,WARMUP,POLL}.
+# persist (issue 26), and in the same rounds librpma's write + flush to the
+# same devdax (bench/rpma-write-flush; skipped with a line saying why where
+# it is missing or fails), each method's p50 over librpma's. Knobs
+# PMIRROR_LAB_BENCH_{ROUNDS,SIZES,ITERS,WARMUP,POLL}.
 #   PMIRROR_LAB_KERNEL=7 scripts/lab/bench.sh --native build-rdma56
 #   scripts/lab/bench.sh --native --summarize RESULTS_DIR
 #
@@ -252,7 +255,7 @@ fi
 for f in "${needed[@]}"; do
   [[ -e $build/$f ]] || { echo "bench.sh: $build/$f missing (build first, e.g. scripts/build.sh)" >&2; exit 1; }
 done
-if [[ $mode == latency && ! -x $build/bench/rpma-write-flush ]]; then
+if [[ ($mode == latency || $mode == native) && ! -x $build/bench/rpma-write-flush ]]; then
   echo "bench.sh: warning: $build/bench/rpma-write-flush missing: no librpma-flush comparator in this run" \
     "(install librpma-dev, e.g. scripts/lab/setup.sh, reconfigure and build the target rpma-write-flush)" >&2
 fi

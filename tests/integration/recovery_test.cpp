@@ -956,6 +956,29 @@ TEST_F(RecoveryTest, ForcedPromoteFencesTheOldPrimaryOut) {
   EXPECT_EQ(again.code(), Errc::kFenced) << again.to_string() << diag(v);
   EXPECT_NE(state_of(v, "b"), "connected") << diag(v);
   EXPECT_NE(state_of(v, "c"), "connected") << diag(v);
+  // Fenced, the old primary stops reconnecting (it would only be refused):
+  // each peer rests in `refused`, saying so, and no attempt moves it again
+  // (reconnect_initial is 200 ms: ten backoff periods and more).
+  for (const char* peer : {"b", "c"}) {
+    ASSERT_TRUE(testing::eventually(
+        [&] {
+          json p = peer_json(v, peer);
+          return p.value("state", "") == "refused" &&
+                 p.value("reason", "").find("not reconnecting: close the volume") !=
+                     std::string::npos;
+        },
+        scaled(10s)))
+        << peer << diag(v);
+  }
+  const json b_before = peer_json(v, "b");
+  const json c_before = peer_json(v, "c");
+  std::this_thread::sleep_for(2s);
+  for (const char* field : {"state", "since", "reason"}) {
+    EXPECT_EQ(peer_json(v, "b").value(field, ""), b_before.value(field, ""))
+        << "a reconnected to b" << diag(v);
+    EXPECT_EQ(peer_json(v, "c").value(field, ""), c_before.value(field, ""))
+        << "a reconnected to c" << diag(v);
+  }
   opened->reset();
   EXPECT_EQ(digest(cluster_->copy_path("b")), b_digest) << "a wrote into the promoted copy";
   EXPECT_EQ(digest(cluster_->copy_path("c")), c_digest) << "a wrote into the fenced copy";
