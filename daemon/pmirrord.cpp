@@ -261,7 +261,18 @@ int main(int argc, char** argv) {
                                    "promote: \"force\" must be true or false");
           }
           bool forced = force != request.end() && force->get<bool>();
-          auto promoted = (*target)->promote(volume->get<std::string>(), forced);
+          // How long to wait for the fences' first answers (the promoter's
+          // takeover); absent: as long as they take.
+          std::optional<std::chrono::milliseconds> fence_wait;
+          if (auto wait = request.find("fence_wait_ms"); wait != request.end()) {
+            if (!wait->is_number_unsigned() || wait->get<uint64_t>() > 3'600'000) {
+              return pmirror::Status(pmirror::Errc::kInvalidArgument,
+                                     "promote: \"fence_wait_ms\" must be a whole number of "
+                                     "milliseconds from 0 to 3600000");
+            }
+            fence_wait = std::chrono::milliseconds(wait->get<uint64_t>());
+          }
+          auto promoted = (*target)->promote(volume->get<std::string>(), forced, fence_wait);
           if (!promoted.ok()) return promoted.status();
           return pmirror::target::to_json(*promoted);
         }

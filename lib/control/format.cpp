@@ -260,7 +260,7 @@ std::string copy_line(const json& volume) {
   return line == "  this copy:" ? std::string() : line;
 }
 
-// "  fences (promoted here at 12:01:07): a NOT fenced (timeout ...), c fenced"
+// "  fences (promoted here at 12:01:07): a NOT fenced yet, retrying (timeout ...), c fenced"
 // from the last promotion on this node; "" when there was none.
 std::string fences_line(const json& volume, const HumanFormat& format) {
   const json& fences = member(volume, "fences");
@@ -277,6 +277,8 @@ std::string fences_line(const json& volume, const HumanFormat& format) {
     line += str(f, "node");
     if (flag(f, "fenced").value_or(false)) {
       line += " fenced";
+    } else if (flag(f, "pending").value_or(false)) {
+      line += " NOT fenced yet, retrying (" + str(f, "error") + ")";
     } else {
       line += " NOT fenced (" + str(f, "error") + ")";
     }
@@ -864,6 +866,10 @@ std::string format_promote_human(const nlohmann::json& result) {
         bool ended_one = ended.is_number_unsigned() && ended.get<uint64_t>() > 0;
         lines += "\n  fenced on " + node_name +
                  (ended_one ? " (the old primary's session there was ended)" : "");
+      } else if (flag(f, "pending").value_or(false)) {
+        lines += "\n  NOT fenced on " + node_name + " yet: " + str(f, "error") +
+                 " (that copy may still take the old primary's writes until it is; pmirrord "
+                 "retries in the background, `pmirrorctl status` shows when it lands)";
       } else {
         lines += "\n  NOT fenced on " + node_name + ": " + str(f, "error") +
                  " (that copy may still take the old primary's writes; run promote again)";

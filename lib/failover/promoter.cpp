@@ -40,6 +40,8 @@ constexpr milliseconds kHookTimeout{30000};
 // at most each, in parallel).
 constexpr milliseconds kStatusTimeout{5000};
 constexpr milliseconds kPromoteTimeout{40000};
+// How long a takeover's promotion waits for the fences' first answers.
+constexpr milliseconds kFenceWait{1000};
 // A copy's generation in pmirrord's status when it never received data.
 constexpr const char* kNoGeneration = "0000000000000000";
 
@@ -312,14 +314,24 @@ struct Promoter::Impl {
   }
 
   Status promote(const Volume& v, bool force) {
-    auto result = control::request(
-        socket, {{"command", "promote"}, {"volume", v.config->name}, {"force", force}},
-        kPromoteTimeout);
+    // The takeover does not wait for the node it replaces (a frozen one
+    // answers nothing until heartbeat_timeout): the lease already stopped
+    // the old primary's writes; fences not answered by then are retried by
+    // pmirrord in the background (docs/failover.md, section 1).
+    auto result = control::request(socket,
+                                   {{"command", "promote"},
+                                    {"volume", v.config->name},
+                                    {"force", force},
+                                    {"fence_wait_ms", kFenceWait.count()}},
+                                   kPromoteTimeout);
     if (!result.ok()) return result.status();
     std::string fences;
     if (result->contains("fences") && (*result)["fences"].is_array()) {
       for (const auto& f : (*result)["fences"]) {
-        fences += " " + str(f, "node") + (f.value("fenced", false) ? ":fenced" : ":NOT-fenced");
+        fences += " " + str(f, "node") +
+                  (f.value("fenced", false)    ? ":fenced"
+                   : f.value("pending", false) ? ":pending"
+                                               : ":NOT-fenced");
       }
     }
     log::warn("volume {}: promoted on node {} (generation {}); fences:{}", v.config->name,

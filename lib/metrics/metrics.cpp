@@ -350,6 +350,18 @@ class Converter {
     gauge("pmirror_volume_info", "constant 1, labelled with the volume's path and backing", info,
           1);
     copy(v, labels, where);
+    // pmirrord: the other copies that the last promotion here has not
+    // fenced yet (still retried); only where this node promoted.
+    if (auto fences = v.find("fences"); fences != v.end() && fences->is_array()) {
+      double pending = 0;
+      for (const json& f : *fences) {
+        if (f.is_object() && f.value("pending", false)) ++pending;
+      }
+      gauge("pmirror_fences_pending",
+            "other copies that the last promotion on this node has not fenced yet (retried in "
+            "the background until they are; until then they may take the old primary's writes)",
+            labels, pending);
+    }
 
     auto peers = v.find("peers");
     if (peers == v.end()) return;

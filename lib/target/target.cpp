@@ -164,6 +164,9 @@ class Target::Impl {
   // run; sessions checkpoint once more when they end.
   std::thread checkpointer;
   CheckpointBell checkpoint_bell;
+  // The fences of promotions here, retried until they land (after config:
+  // it reads config.cluster, and goes first).
+  Fencer fencer{config.cluster};
 
   std::shared_ptr<ServedVolume> find(const std::string& name) const {
     std::lock_guard lock(volumes_mutex);
@@ -447,6 +450,7 @@ Status Target::run() {
 void Target::stop() {
   if (impl_->stopping.exchange(true)) return;
   if (impl_->listener) impl_->listener->shutdown();
+  impl_->fencer.cancel();
   for (auto& volume : impl_->all_volumes()) volume->wake_sessions();
   impl_->checkpoint_bell.ring_always();
 }
@@ -601,7 +605,8 @@ Result<ReloadResult> Target::reload(const config::DaemonConfig& config, bool dry
   return result;
 }
 
-Result<PromoteResult> Target::promote(const std::string& volume_name, bool force) {
+Result<PromoteResult> Target::promote(const std::string& volume_name, bool force,
+                                      std::optional<std::chrono::milliseconds> fence_wait) {
   Impl& impl = *impl_;
   auto volume = impl.find(volume_name);
   if (volume == nullptr) {
@@ -617,9 +622,15 @@ Result<PromoteResult> Target::promote(const std::string& volume_name, bool force
     writer_connected = !volume->writer.empty();
   }
   auto fence = [&](uint64_t generation) {
-    return fence_peers(impl.config.cluster, peers, volume_name, impl.config.node, secret,
-                       generation, std::min(impl.config.heartbeat_timeout, kFenceTimeout),
-                       kFenceTimeout);
+    return impl.fencer.fence(
+        Fencer::Round{.volume = volume,
+                      .peers = peers,
+                      .self = impl.config.node,
+                      .secret = secret,
+                      .generation = generation,
+                      .connect_timeout = std::min(impl.config.heartbeat_timeout, kFenceTimeout),
+                      .timeout = kFenceTimeout},
+        fence_wait);
   };
   // promote --force with the old primary connected here: fence the other
   // copies first, with the generation this copy is about to take, and end
@@ -637,17 +648,17 @@ Result<PromoteResult> Target::promote(const std::string& volume_name, bool force
     }
     if (chosen != 0) fenced_first = fence(chosen);
   }
-  PMIRROR_ASSIGN_OR_RETURN(PromoteResult result, promote_copy(volume_name, force, chosen));
+  auto promoted = promote_copy(volume_name, force, chosen);
+  if (!promoted.ok()) {
+    std::lock_guard volume_lock(volume->mutex);
+    if (chosen != 0) volume->fence_round = 0;  // the fences at `chosen` stop being retried
+    return promoted.status();
+  }
+  PromoteResult result = std::move(promoted).value();
   // Otherwise fence every other node's copy now, also when the copy was
-  // promoted already: running promote again retries the fences that did
-  // not take.
+  // promoted already (a new round of fences, at once).
   result.fences = chosen != 0 && result.generation == chosen ? std::move(fenced_first)
                                                              : fence(result.generation);
-  {
-    std::lock_guard volume_lock(volume->mutex);
-    volume->last_fences = result.fences;
-    volume->last_fences_at = std::chrono::system_clock::now();
-  }
   return result;
 }
 
@@ -746,6 +757,9 @@ Result<DemoteResult> Target::demote(const std::string& volume_name) {
   metadata::CopyInfo info = (*md)->info();
   volume->copy_status = CopyStatus{.info = info};
   volume->copy_status_at = std::chrono::steady_clock::now();
+  // A fence of this node's promotion landing from now on could undo a newer
+  // promotion's on that copy: the retries stop.
+  abandon_fences(*volume, "the copy was demoted on node " + node);
   if (was_promoted) {
     log::warn("volume {}: demoted on node {}: a replica again at generation {}", volume_name, node,
               hex16(info.generations.current));

@@ -77,7 +77,11 @@ struct FenceOutcome {
   std::string node{};
   bool fenced = false;
   uint32_t sessions_ended = 0;  // the old primary's sessions it ended there
-  std::string error{};          // when not fenced
+  std::string error{};          // when not fenced: the last attempt's
+  // Not fenced yet and still tried, in the background (docs/failover.md,
+  // section 1): no answer so far, or the last attempt failed.
+  bool pending = false;
+  uint32_t attempts = 0;  // made so far (0: the first has not answered)
 };
 
 struct VolumeStatus {
@@ -200,8 +204,13 @@ class Target {
   // volume is fenced (docs/failover.md): its copy takes writes only from
   // this primary's lineage, and the old primary's session there ends with
   // kFenced. Fences that fail are in the result (`fences`), not an error:
-  // the promotion stands, and promoting again retries them.
-  Result<PromoteResult> promote(const std::string& volume, bool force);
+  // the promotion stands, and each is retried in the background until it
+  // lands (FenceOutcome::pending). `fence_wait`: how long to wait for the
+  // fences' first answers (none: as long as they take, up to
+  // heartbeat_timeout to reach a node); the promoter's takeover passes a
+  // short one, so that it never waits for the node it replaces.
+  Result<PromoteResult> promote(const std::string& volume, bool force,
+                                std::optional<std::chrono::milliseconds> fence_wait = {});
   // `pmirrorctl demote VOLUME`: the copy is a replica again (sessions are
   // accepted). kBusy while a local process has the copy open as primary.
   Result<DemoteResult> demote(const std::string& volume);

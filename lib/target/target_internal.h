@@ -8,7 +8,9 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "auth/auth.h"
@@ -49,12 +51,17 @@ struct ServedVolume {
 
   std::mutex mutex;
   std::string writer;  // identity@address of the session holding the volume; guarded by mutex
+  // The writer's lineage from its Hello (zero: none sent); guarded by mutex.
+  protocol::Lineage writer_lineage;
   // An operator command on the copy (promote, demote) is under way: no
   // session may claim the volume meanwhile. Names the command; guarded by mutex.
   std::string admin;
   // The fences of the last promotion on this node, and when; guarded by mutex.
   std::vector<FenceOutcome> last_fences;
   std::chrono::system_clock::time_point last_fences_at{};
+  // The round of fences being tried (Fencer: each promotion here starts
+  // one; older rounds stop); 0: none. Guarded by mutex.
+  uint64_t fence_round = 0;
   // Set by `promote --force`: the writer's session ends at once, refused
   // with kClosed and evict_reason (guarded by mutex).
   std::atomic<bool> evict{false};
@@ -206,13 +213,63 @@ Result<uint32_t> send_fence(const config::NodeConfig& target, const std::string&
                             const std::string& self, const std::string& secret, uint64_t generation,
                             std::chrono::milliseconds connect_timeout,
                             std::chrono::milliseconds timeout);
-// send_fence to every node in `peers` but `self`, all at once.
-std::vector<FenceOutcome> fence_peers(const config::ClusterConfig& cluster,
-                                      const std::vector<std::string>& peers,
-                                      const std::string& volume, const std::string& self,
-                                      const std::string& secret, uint64_t generation,
-                                      std::chrono::milliseconds connect_timeout,
-                                      std::chrono::milliseconds timeout);
+
+// Stops retrying the volume's fences (a demotion): those not landed are
+// shown as given up, with `why`.
+void abandon_fences(ServedVolume& volume, const std::string& why);
+
+// The fences of this node's promotions: send_fence to every other node of
+// the volume, all at once, each retried in the background (1 s, doubling
+// to 10 s apart) until it lands, a newer promotion here supersedes it
+// (ServedVolume::fence_generation), the volume goes, or the daemon stops.
+// A takeover does not wait for the node it replaces (a frozen node answers
+// nothing until heartbeat_timeout): promote() waits as long as its caller
+// allows and reports the rest pending; each later outcome updates the
+// volume's last_fences, which status and metrics show.
+class Fencer {
+ public:
+  struct Round {
+    std::shared_ptr<ServedVolume> volume;
+    std::vector<std::string> peers;  // the volume's nodes; `self` is skipped
+    std::string self;
+    std::string secret;
+    uint64_t generation = 0;
+    std::chrono::milliseconds connect_timeout{0};
+    std::chrono::milliseconds timeout{0};
+  };
+  explicit Fencer(const config::ClusterConfig& cluster) : cluster_(cluster) {}
+  ~Fencer() { stop(); }
+  Fencer(const Fencer&) = delete;
+  Fencer& operator=(const Fencer&) = delete;
+
+  // Starts the round (and makes it the volume's: older rounds stop at
+  // their next attempt), then waits for every node's first answer, at most
+  // `wait` (none: as long as the attempts take). Returns each node's
+  // outcome as it stands then.
+  std::vector<FenceOutcome> fence(const Round& round,
+                                  std::optional<std::chrono::milliseconds> wait);
+  // Ends every retry: cancel() at once, stop() also waits for the attempts
+  // under way (a node that does not answer: up to connect_timeout + timeout).
+  void cancel();
+  void stop();
+
+ private:
+  struct Progress;
+  void attempt_until_landed(const Round& round, const std::shared_ptr<Progress>& progress,
+                            size_t index, uint64_t number);
+  bool sleep(std::chrono::milliseconds pause);  // false: stopping
+
+  const config::ClusterConfig& cluster_;
+  std::mutex mutex_;
+  std::condition_variable stopped_;
+  bool stopping_ = false;  // guarded by mutex_
+  uint64_t rounds_ = 0;    // guarded by mutex_: the last round's number
+  struct Job {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<Job> jobs_;  // guarded by mutex_; finished ones joined by the next fence()
+};
 
 // Writes a volume's published progress to the state pool if it moved.
 Status checkpoint(state::StateStore& state, ServedVolume& volume);

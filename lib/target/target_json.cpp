@@ -40,16 +40,18 @@ json copy_json(const CopyStatus& copy) {
   return out;
 }
 
-// Each other node's fence: {"node","fenced","sessions_ended"} or
-// {"node","fenced":false,"error"}.
+// Each other node's fence: {"node","fenced","sessions_ended","attempts"}
+// or {"node","fenced":false,"error","pending","attempts"} (pending: still
+// retried in the background).
 json fences_json(const std::vector<FenceOutcome>& outcomes) {
   json fences = json::array();
   for (const FenceOutcome& f : outcomes) {
-    json entry = {{"node", f.node}, {"fenced", f.fenced}};
+    json entry = {{"node", f.node}, {"fenced", f.fenced}, {"attempts", f.attempts}};
     if (f.fenced) {
       entry["sessions_ended"] = f.sessions_ended;
     } else {
       entry["error"] = f.error;
+      entry["pending"] = f.pending;
     }
     fences.push_back(std::move(entry));
   }

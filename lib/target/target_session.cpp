@@ -236,6 +236,13 @@ class Session {
       refuse_opening(Errc::kBusy, "volume '" + name() + "' already has a writer: " + holder);
       return false;
     }
+    {
+      // What a fence that arrives during the session asks of it.
+      std::lock_guard lock(volume_.mutex);
+      volume_.writer_lineage = (peer_.hello.flags & protocol::kHelloLineage) != 0
+                                   ? peer_.hello.lineage
+                                   : protocol::Lineage{};
+    }
     // Checked under the claim: `pmirrorctl down` sets it and then ends the
     // claiming session, so no session slips in between.
     if (volume_.down_by_operator.load()) {
@@ -424,17 +431,20 @@ class Session {
     const uint64_t generation = peer_.hello.lineage.current;  // nonzero: decode checked
     const std::string& promoted_on = identity();
     const std::string text = fenced_text(name(), context_.node, promoted_on, generation);
-    WriterClaim claim;
     bool evicted = false;
-    Status claimed = claim.claim_for_command(volume_, "a fence from node " + promoted_on,
-                                             /*evict=*/true, text, std::chrono::seconds(10),
-                                             Errc::kFenced, &evicted);
-    if (!claimed.ok()) {
-      log::warn("{}: volume {}: fence refused: {}", who(), name(), claimed.to_string());
-      refuse_opening(claimed.code(), claimed.message());
-      return;
-    }
-    {
+    std::string outcome;
+    if (record_fence_beside_descendant(generation, promoted_on)) {
+      outcome = "the connected primary descends from it";
+    } else {
+      WriterClaim claim;
+      Status claimed = claim.claim_for_command(volume_, "a fence from node " + promoted_on,
+                                               /*evict=*/true, text, std::chrono::seconds(10),
+                                               Errc::kFenced, &evicted);
+      if (!claimed.ok()) {
+        log::warn("{}: volume {}: fence refused: {}", who(), name(), claimed.to_string());
+        refuse_opening(claimed.code(), claimed.message());
+        return;
+      }
       std::lock_guard lock(volume_.metadata_mutex);
       auto md = open_copy_metadata(volume_, context_.node);
       Status recorded = md.ok() ? (*md)->set_fence(generation, promoted_on) : md.status();
@@ -445,11 +455,10 @@ class Session {
       }
       volume_.copy_status = CopyStatus{.info = (*md)->info()};
       volume_.copy_status_at = std::chrono::steady_clock::now();
+      outcome = evicted ? "the old primary's session was ended" : "no primary was connected";
     }
-    claim.release();
     log::warn("volume {}: fenced: promoted on node {} at generation {}; {}", name(), promoted_on,
-              hex16(generation),
-              evicted ? "the old primary's session was ended" : "no primary was connected");
+              hex16(generation), outcome);
     const auth::SessionContext auth_context{name(), identity(), peer_.hello.client_nonce,
                                             peer_.server_nonce};
     protocol::FenceAck ack;
@@ -460,12 +469,35 @@ class Session {
     if (sent.ok()) sent = messenger_.wait_sends(std::chrono::seconds(5));
     // The fence's event (pmirrorctl events): who promoted, at which
     // generation, and whether an old primary was cut off.
-    const std::string recorded_text =
-        "fence recorded: promoted on node " + promoted_on + " at generation " + hex16(generation) +
-        (evicted ? "; the old primary's session was ended" : "; no primary was connected");
+    const std::string recorded_text = "fence recorded: promoted on node " + promoted_on +
+                                      " at generation " + hex16(generation) + "; " + outcome;
     record_.state.transition(supervisor::PeerState::kClosed,
                              sent.ok() ? recorded_text : recorded_text + "; " + sent.message());
     peer_.connection->shutdown();
+  }
+
+  // A fence that reaches the copy while a writer that descends from it is
+  // connected (pmirrord retried it in the background, and the new primary
+  // got here first) is recorded beside that session, which goes on: it is
+  // the new primary, not the one to cut off. False when no such writer is
+  // connected (then the writer, if any, is evicted as usual).
+  bool record_fence_beside_descendant(uint64_t generation, const std::string& promoted_on) {
+    {
+      std::lock_guard lock(volume_.mutex);
+      if (volume_.writer.empty() || volume_.writer_leaving ||
+          !volume_.writer_lineage.knows(generation)) {
+        return false;
+      }
+    }
+    std::lock_guard lock(volume_.metadata_mutex);
+    if (volume_.metadata == nullptr) return false;  // it has just left
+    if (Status recorded = volume_.metadata->set_fence(generation, promoted_on); !recorded.ok()) {
+      log::error("{}: volume {}: recording the fence: {}", who(), name(), recorded.to_string());
+      return false;
+    }
+    volume_.copy_status = CopyStatus{.info = volume_.metadata->info()};
+    volume_.copy_status_at = std::chrono::steady_clock::now();
+    return true;
   }
 
   bool send_descriptor() {

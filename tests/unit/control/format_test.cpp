@@ -596,6 +596,16 @@ TEST(ControlFormat, PromoteAndDemote) {
             "primary's writes; run promote again)\n"
             "  fenced on node3 (the old primary's session there was ended)\n"
             "  fenced on node4");
+  // A fence still tried in the background (pmirrord retries it).
+  EXPECT_EQ(format_promote_human(json::parse(
+                R"({"volume":"db1","node":"node2","generation":"9f3a2b1c4d5e6f70",
+                    "previous":"12ab34cd56ef7890","promoted":true,
+                    "fences":[{"node":"node1","fenced":false,"pending":true,"attempts":0,
+                               "error":"no answer within 1000 ms; still trying"}]})")),
+            "db1 promoted on node2: generation 9f3a2b1c4d5e6f70 (was 12ab34cd56ef7890)\n"
+            "  NOT fenced on node1 yet: no answer within 1000 ms; still trying (that copy may "
+            "still take the old primary's writes until it is; pmirrord retries in the "
+            "background, `pmirrorctl status` shows when it lands)");
   EXPECT_EQ(format_promote_human(json::parse(
                 R"({"volume":"db1","node":"node2","promoted":false,
                     "generation":"9f3a2b1c4d5e6f70"})")),

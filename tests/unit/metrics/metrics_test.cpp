@@ -651,6 +651,11 @@ TEST(MetricsTest, FencesAndLeasesAreExported) {
   promoted["name"] = "db2";
   promoted["copy"] = {
       {"generation", "12ab34cd56ef7890"}, {"consistent", false}, {"promoted", true}};
+  // Promoted here: one fence landed, two still retried.
+  promoted["fences"] = {
+      {{"node", "node1"}, {"fenced", true}, {"sessions_ended", 1}, {"attempts", 1}},
+      {{"node", "node3"}, {"fenced", false}, {"pending", true}, {"attempts", 0}, {"error", "x"}},
+      {{"node", "node4"}, {"fenced", false}, {"pending", true}, {"attempts", 3}, {"error", "y"}}};
   json in_use = fenced;
   in_use["name"] = "db3";
   in_use["copy"] = {{"in_use_by_local_primary", true}};
@@ -673,6 +678,8 @@ TEST(MetricsTest, FencesAndLeasesAreExported) {
   EXPECT_EQ(value(s, "pmirror_copy_promoted", db2), 1);
   EXPECT_EQ(value(s, "pmirror_copy_consistent", db1), 1);
   EXPECT_EQ(value(s, "pmirror_copy_consistent", db2), 0);
+  EXPECT_EQ(value(s, "pmirror_fences_pending", db2), 2);
+  EXPECT_FALSE(value(s, "pmirror_fences_pending", db1)) << "never promoted here: no series";
   // A copy open by the local application says nothing of itself.
   EXPECT_FALSE(value(s, "pmirror_copy_fenced", {{"volume", "db3"}, {"role", "replica"}}));
 
