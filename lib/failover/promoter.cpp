@@ -40,8 +40,10 @@ constexpr milliseconds kHookTimeout{30000};
 // at most each, in parallel).
 constexpr milliseconds kStatusTimeout{5000};
 constexpr milliseconds kPromoteTimeout{40000};
-// How long a takeover's promotion waits for the fences' first answers.
-constexpr milliseconds kFenceWait{1000};
+// How long a takeover's promotion waits for the fences' first answers: a
+// live node's fence lands in milliseconds; one that has not by then is
+// retried by pmirrord in the background and shown pending.
+constexpr milliseconds kFenceWait{100};
 // A copy's generation in pmirrord's status when it never received data.
 constexpr const char* kNoGeneration = "0000000000000000";
 

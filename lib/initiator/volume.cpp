@@ -247,10 +247,11 @@ Result<std::unique_ptr<Volume>> Volume::Impl::open(const VolumeOptions& options,
   }
   // Every answer is waited for, but not a dead node's connect timeout once
   // the ack policy can be met: the others then get a grace (four times what
-  // the answers so far took, at least 1 s, at most half the connect
+  // the answers so far took, at least 500 ms, at most half the connect
   // timeout) and go on connecting in the background, as reconnects. A
   // promoted copy's application otherwise waited the whole timeout for the
-  // dead old primary's node (docs/failover.md, section 3).
+  // dead (or frozen) old primary's node (docs/failover.md, section 3); the
+  // grace is a part of every takeover's time.
   const uint32_t required = impl->peers.required_acks();
   const auto opened_at = Clock::now();
   std::vector<std::optional<Result<std::unique_ptr<Replica>>>> answers(pending.size());
@@ -276,7 +277,7 @@ Result<std::unique_ptr<Volume>> Volume::Impl::open(const VolumeOptions& options,
     if (answered == pending.size()) break;
     const auto now = Clock::now();
     if (!rest_until && usable >= required && required > 0 && !misconfigured) {
-      auto grace = std::max<Clock::duration>(4 * (now - opened_at), std::chrono::seconds(1));
+      auto grace = std::max<Clock::duration>(4 * (now - opened_at), std::chrono::milliseconds(500));
       grace = std::min<Clock::duration>(grace, options.connect_timeout / 2);
       rest_until = now + grace;
     }

@@ -326,7 +326,7 @@ TEST_F(FailoverTest, KilledPrimaryIsReplacedAndItsAcknowledgedRecordsSurvive) {
     EXPECT_EQ(took_lease->value("node", ""), next);
     EXPECT_EQ(took_lease->value("process", ""), "pmirror-promoter");
   }
-  // The promotion waits a second at most for the fences' first answers (a
+  // The promotion waits 100 ms at most for the fences' first answers (a
   // busy machine may leave this one pending: pmirrord's event below shows
   // it landed).
   EXPECT_TRUE(promoter_events[next]->find("event", "promoted", other + ":fenced").has_value() ||
@@ -404,6 +404,17 @@ TEST_F(FailoverTest, FrozenPrimaryIsFencedAndComesBackAsAReplica) {
   std::fprintf(stderr, "[failover] node %s serves %lld ms after the freeze (ttl %lld ms)\n",
                next.c_str(), static_cast<long long>(took.count()),
                static_cast<long long>(std::chrono::milliseconds(kTtl).count()));
+  if (std::getenv("PMIRROR_FAILOVER_TRACE") != nullptr) {
+    const auto frozen_wall = std::chrono::system_clock::now() - (Clock::now() - frozen_at);
+    const std::time_t t = std::chrono::system_clock::to_time_t(frozen_wall);
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(frozen_wall.time_since_epoch()) %
+        1000;
+    char stamp[32];
+    std::strftime(stamp, sizeof stamp, "%H:%M:%S", std::localtime(&t));
+    std::fprintf(stderr, "[failover] frozen at %s.%03lld\n%s\n", stamp,
+                 static_cast<long long>(ms.count()), diagnostics().c_str());
+  }
   cluster_->daemon("a").signal(SIGCONT);
   // The new primary is serving: the fence is in force on every copy it
   // reached. What a's records are on the replicas now is all there will be.
