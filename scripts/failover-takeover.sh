@@ -10,7 +10,7 @@
 # primary's whole node (application, promoter, pmirrord) SIGSTOPped, timed
 # from the freeze.
 #   scripts/failover-takeover.sh [--freeze] [RUNS] [BUILD_DIR]
-# With PMIRROR_FAILOVER_TRACE=1 the test also prints the kill's time and
+# With PMIRROR_FAILOVER_TRACE=1 the test also prints the kill's (or freeze's) time and
 # every node's pmirrord, promoter and application log: where the time went.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -41,7 +41,7 @@ for ((i = 1; i <= runs; i++)); do
   ttl=$(grep -o 'ttl [0-9]*' <<<"$line" | awk '{print $2}')
   times+=("$ms")
   echo "run $i: $line"
-  [[ -z ${PMIRROR_FAILOVER_TRACE:-} ]] || sed -n '/\[failover\] killed at/,/^\[----------\]/p' <<<"$out"
+  [[ -z ${PMIRROR_FAILOVER_TRACE:-} ]] || sed -n '/\[failover\] \(killed\|frozen\) at/,/^\[----------\]/p' <<<"$out"
 done
 sorted=$(printf '%s\n' "${times[@]}" | sort -n)
 median=$(awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : int((a[NR/2]+a[NR/2+1])/2)}' <<<"$sorted")

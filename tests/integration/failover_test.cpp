@@ -224,6 +224,27 @@ class FailoverTest : public ::testing::Test {
     return all;
   }
 
+  // The takeover's time, for scripts/failover-takeover.sh ("[failover] node
+  // N serves MS ms after the EVENT (ttl T ms)"); with PMIRROR_FAILOVER_TRACE
+  // also when it happened ("[failover] DONE at hh:mm:ss.mmm") and every
+  // node's logs: where the time went.
+  void report_takeover(const std::string& next, Clock::time_point since, const char* event,
+                       const char* done) {
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - since);
+    std::fprintf(stderr, "[failover] node %s serves %lld ms after the %s (ttl %lld ms)\n",
+                 next.c_str(), static_cast<long long>(took.count()), event,
+                 static_cast<long long>(std::chrono::milliseconds(kTtl).count()));
+    if (std::getenv("PMIRROR_FAILOVER_TRACE") == nullptr) return;
+    const auto wall = std::chrono::system_clock::now() - (Clock::now() - since);
+    const std::time_t t = std::chrono::system_clock::to_time_t(wall);
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(wall.time_since_epoch()) % 1000;
+    char stamp[32];
+    std::strftime(stamp, sizeof stamp, "%H:%M:%S", std::localtime(&t));
+    std::fprintf(stderr, "[failover] %s at %s.%03lld\n%s\n", done, stamp,
+                 static_cast<long long>(ms.count()), diagnostics().c_str());
+  }
+
   json promoter_status(const std::string& node) {
     auto status =
         control::request(dir_->file(node + ".promoter.sock"), {{"command", "status"}}, 2s);
@@ -267,22 +288,7 @@ TEST_F(FailoverTest, KilledPrimaryIsReplacedAndItsAcknowledgedRecordsSurvive) {
 
   const std::string next = new_primary();
   ASSERT_FALSE(next.empty()) << diagnostics();
-  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed_at);
-  std::fprintf(stderr, "[failover] node %s serves %lld ms after the kill (ttl %lld ms)\n",
-               next.c_str(), static_cast<long long>(took.count()),
-               static_cast<long long>(std::chrono::milliseconds(kTtl).count()));
-  // scripts/failover-takeover.sh --trace: where the time went, from the logs.
-  if (std::getenv("PMIRROR_FAILOVER_TRACE") != nullptr) {
-    const auto killed_wall = std::chrono::system_clock::now() - (Clock::now() - killed_at);
-    const std::time_t t = std::chrono::system_clock::to_time_t(killed_wall);
-    const auto ms =
-        std::chrono::duration_cast<std::chrono::milliseconds>(killed_wall.time_since_epoch()) %
-        1000;
-    char stamp[32];
-    std::strftime(stamp, sizeof stamp, "%H:%M:%S", std::localtime(&t));
-    std::fprintf(stderr, "[failover] killed at %s.%03lld\n%s\n", stamp,
-                 static_cast<long long>(ms.count()), diagnostics().c_str());
-  }
+  report_takeover(next, killed_at, "kill", "killed");
 
   // Every record a saw acknowledged is on the new primary's copy.
   RecordLayout layout(kSize, kRecord);
@@ -399,22 +405,7 @@ TEST_F(FailoverTest, FrozenPrimaryIsFencedAndComesBackAsAReplica) {
 
   const std::string next = new_primary();
   ASSERT_FALSE(next.empty()) << diagnostics();
-  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - frozen_at);
-  // scripts/failover-takeover.sh --freeze reads this line.
-  std::fprintf(stderr, "[failover] node %s serves %lld ms after the freeze (ttl %lld ms)\n",
-               next.c_str(), static_cast<long long>(took.count()),
-               static_cast<long long>(std::chrono::milliseconds(kTtl).count()));
-  if (std::getenv("PMIRROR_FAILOVER_TRACE") != nullptr) {
-    const auto frozen_wall = std::chrono::system_clock::now() - (Clock::now() - frozen_at);
-    const std::time_t t = std::chrono::system_clock::to_time_t(frozen_wall);
-    const auto ms =
-        std::chrono::duration_cast<std::chrono::milliseconds>(frozen_wall.time_since_epoch()) %
-        1000;
-    char stamp[32];
-    std::strftime(stamp, sizeof stamp, "%H:%M:%S", std::localtime(&t));
-    std::fprintf(stderr, "[failover] frozen at %s.%03lld\n%s\n", stamp,
-                 static_cast<long long>(ms.count()), diagnostics().c_str());
-  }
+  report_takeover(next, frozen_at, "freeze", "frozen");
   cluster_->daemon("a").signal(SIGCONT);
   // The new primary is serving: the fence is in force on every copy it
   // reached. What a's records are on the replicas now is all there will be.
