@@ -157,9 +157,9 @@ struct FailoverSettings {
 // most one of hook_unit and start_command; none: the promoter promotes and
 // holds the lease, something else starts the application.
 struct VolumeFailover {
-  std::string hook_unit;      // a systemd unit: systemctl start / stop
-  std::string start_command;  // or commands run with /bin/sh -c
-  std::string stop_command;
+  std::string hook_unit{};      // a systemd unit: systemctl start / stop
+  std::string start_command{};  // or the application, run with /bin/sh -c
+  std::string stop_command{};
 };
 
 struct NodeConfig {

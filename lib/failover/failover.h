@@ -68,7 +68,8 @@ class Promoter {
   // For `pmirrorctl status`, pmirrord's metrics and the tests: {"node",
   // "lease":{"id","deadline_in_ms","error","renewals","renewal_failures"},
   // "volumes":[{"name","holder","held","since","refused":reason,"takeovers",
-  // "losses"}]} (counters since the promoter started).
+  // "losses","application":{"hook","pid","ended","last_end"}}]} (counters
+  // since the promoter started; pid: a start_command's process group).
   nlohmann::json status() const;
 
  private:

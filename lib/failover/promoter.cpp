@@ -21,6 +21,7 @@
 #include "common/log.h"
 #include "common/rfc3339.h"
 #include "control/control.h"
+#include "failover/application.h"
 #include "failover/etcd_client.h"
 #include "failover/failover.h"
 #include "failover/lease_file.h"
@@ -32,10 +33,6 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-// How long a hook command may run before the promoter stops waiting (it is
-// `systemctl start` of a unit, or a command that starts the application in
-// the background).
-constexpr milliseconds kHookTimeout{30000};
 // pmirrord answers status and promote (promote fences the other nodes, 15 s
 // at most each, in parallel).
 constexpr milliseconds kStatusTimeout{5000};
@@ -104,37 +101,6 @@ struct CopyRecord {
   }
 };
 
-// Runs `command` with /bin/sh -c, the volume's facts in its environment;
-// waits for it (kHookTimeout at most). Ok if it exited 0.
-Status run_command(const std::string& command, const std::map<std::string, std::string>& env) {
-  pid_t pid = ::fork();
-  if (pid < 0) return Status(Errc::kIoError, "fork for the hook failed");
-  if (pid == 0) {
-    for (const auto& [name, value] : env) ::setenv(name.c_str(), value.c_str(), 1);
-    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  auto deadline = Clock::now() + kHookTimeout;
-  int wstatus = 0;
-  while (true) {
-    pid_t done = ::waitpid(pid, &wstatus, WNOHANG);
-    if (done == pid) break;
-    if (done < 0) return Status(Errc::kIoError, "waiting for the hook failed");
-    if (Clock::now() > deadline) {
-      return Status(Errc::kTimeout, "the hook `" + command + "` still runs after " +
-                                        std::to_string(kHookTimeout.count() / 1000) +
-                                        " s; left running");
-    }
-    std::this_thread::sleep_for(milliseconds(20));
-  }
-  if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) return Status::Ok();
-  return Status(
-      Errc::kFailedPrecondition,
-      "the hook `" + command + "` " +
-          (WIFEXITED(wstatus) ? "exited with " + std::to_string(WEXITSTATUS(wstatus))
-                              : "was killed by signal " + std::to_string(WTERMSIG(wstatus))));
-}
-
 }  // namespace
 
 VolumeKeys volume_keys(const config::EtcdSettings& etcd, const std::string& cluster,
@@ -188,6 +154,12 @@ struct Promoter::Impl {
     bool demote_pending = false;    // promoted here, another node holds it now
     uint64_t takeovers = 0;         // times this node took the volume
     uint64_t losses = 0;            // times this node lost or gave it up
+    std::unique_ptr<ApplicationHook> application;
+    uint64_t application_ends = 0;  // times the application ended while held
+    std::string application_ended;  // why, the last time
+    // After its application ended, this node lets the others take the
+    // volume first (it takes it back after this, if nobody did).
+    std::optional<Clock::time_point> hold_off_until;
   };
   std::vector<Volume> volumes;
   // What pmirrord and the node's applications said, read once per round of
@@ -203,7 +175,7 @@ struct Promoter::Impl {
   json last_status;
 
   // An event for `pmirrorctl events` (docs/control.md): lease-acquired,
-  // lease-lost, lease-released, promoted, demoted, primary-changed.
+  // lease-lost, lease-released, promoted, demoted, primary-changed, application-ended.
   void emit(const Volume& v, const char* event, const std::string& message) const {
     if (!options.on_event) return;
     options.on_event({{"time", format_rfc3339(std::chrono::system_clock::now())},
@@ -359,29 +331,66 @@ struct Promoter::Impl {
   std::map<std::string, std::string> hook_env(const Volume& v) const {
     return {{"PMIRROR_VOLUME", v.config->name},
             {"PMIRROR_NODE", options.node},
-            {"PMIRROR_CLUSTER", options.cluster.name}};
+            {"PMIRROR_CLUSTER", options.cluster.name},
+            {"PMIRROR_CLUSTER_FILE", options.cluster.source},
+            {"PMIRROR_PATH", v.path}};
   }
 
-  // Starts (or stops) the application: `systemctl start|stop UNIT`, or the
-  // volume's start_command (stop_command). Its failure is logged: the
-  // lease is held (or given up) all the same.
-  void run_hook(const Volume& v, bool start) {
-    const auto& hook = v.config->failover;
-    std::string command =
-        !hook.hook_unit.empty()
-            ? std::string(start ? "systemctl start " : "systemctl stop ") + hook.hook_unit
-            : (start ? hook.start_command : hook.stop_command);
-    if (command.empty()) return;
-    Status s = run_command(command, hook_env(v));
+  // Starts the application (ApplicationHook: a unit, or start_command as
+  // the promoter's watched child). Its failure is logged: the lease is held
+  // all the same (a start that failed at once is found by the next watch).
+  void start_hook(Volume& v) {
+    if (!v.application->configured()) return;
+    Status s = v.application->start();
     if (!s.ok()) {
-      log::error("volume {}: {} the application: {}", v.config->name,
-                 start ? "could not start" : "stopping", s.message());
-    } else if (start) {
-      log::info("volume {}: started the application ({})", v.config->name, command);
+      log::error("volume {}: could not start the application: {}", v.config->name, s.message());
+    } else {
+      log::info("volume {}: started the application ({}{})", v.config->name,
+                v.application->describe(),
+                v.application->pid() > 0 ? ", pid " + std::to_string(v.application->pid())
+                                         : std::string());
     }
   }
-  void start_hook(const Volume& v) { run_hook(v, /*start=*/true); }
-  void stop_hook(const Volume& v) { run_hook(v, /*start=*/false); }
+  void stop_hook(Volume& v) {
+    if (v.application->configured()) v.application->stop();
+  }
+
+  // How long a node whose application ended leaves the volume to the
+  // others: every standby's turn (live rank x renew) fits in a ttl.
+  std::chrono::milliseconds hold_off() const { return etcd_settings.ttl; }
+
+  // The application of a volume this node holds ended (or its unit is no
+  // longer active): the volume is given up at once -- lease file withdrawn,
+  // leader key deleted -- so that a standby takes over now instead of a
+  // primary without an application holding it forever.
+  void watch_application(Volume& v) {
+    if (!v.application->configured()) return;
+    {
+      std::lock_guard lock(lease_mutex);
+      if (!v.held) return;
+    }
+    auto ended = v.application->gone();
+    if (!ended) return;
+    int64_t lease = 0;
+    {
+      std::lock_guard lock(lease_mutex);
+      if (!v.held) return;
+      v.held = false;
+      ++v.losses;
+      v.lease_file->withdraw();
+      lease = lease_id;
+    }
+    ++v.application_ends;
+    v.application_ended = *ended;
+    v.hold_off_until = Clock::now() + hold_off();
+    log::error(
+        "volume {}: {}; node {} gives the volume up (another node may take it over; this "
+        "one not within {} s)",
+        v.config->name, *ended, options.node, hold_off().count() / 1000);
+    emit(v, "application-ended", *ended + "; node " + options.node + " gave the volume up");
+    v.application->stop();  // what the unit or the command's group left
+    if (lease != 0) (void)etcd->delete_if_held(v.keys.leader, lease);
+  }
 
   // ---- the lease ------------------------------------------------------------
 
@@ -668,6 +677,13 @@ struct Promoter::Impl {
     }
     v.refused = why;
     if (!why.empty()) return;
+    if (v.hold_off_until && now < *v.hold_off_until) {
+      const auto left = std::chrono::duration_cast<milliseconds>(*v.hold_off_until - now);
+      v.refused = v.application_ended + "; this node leaves the volume to the others for " +
+                  std::to_string((left.count() + 999) / 1000) + " s more";
+      return;
+    }
+    v.hold_off_until.reset();
     // Two polls at least, for every node to publish its copy's sequence;
     // equal candidates then go in the file's order (the configured primary
     // first), one renew interval apart, so that they do not race to promote.
@@ -773,7 +789,12 @@ struct Promoter::Impl {
            {"held", v.held},
            {"refused", v.refused},
            {"takeovers", v.takeovers},
-           {"losses", v.losses}});
+           {"losses", v.losses},
+           {"application",
+            {{"hook", v.application->configured() ? v.application->describe() : std::string()},
+             {"pid", v.application->pid()},
+             {"ended", v.application_ends},
+             {"last_end", v.application_ended}}}});
     }
     lease_lock.unlock();
     out["volumes"] = std::move(list);
@@ -828,6 +849,7 @@ Result<std::unique_ptr<Promoter>> Promoter::create(PromoterOptions options) {
     auto file = LeaseFileWriter::create(lease_path, volume.name, me);
     if (!file.ok()) return file.status().with_context("volume " + volume.name);
     v.lease_file = std::make_unique<LeaseFileWriter>(std::move(*file));
+    v.application = std::make_unique<ApplicationHook>(volume.failover, impl->hook_env(v));
     impl->volumes.push_back(std::move(v));
   }
   impl->update_status();
@@ -850,6 +872,7 @@ Status Promoter::run(std::stop_token stop) {
       if (stop.stop_requested()) break;
       impl.give_up_lost_lease();
       impl.step(v);
+      impl.watch_application(v);
     }
     impl.update_status();
     auto until = Clock::now() + poll;

@@ -313,6 +313,15 @@ class Converter {
         counter("pmirror_lease_losses_total", "times this node lost or gave up the volume's lease",
                 labels, *n);
       }
+      auto application = v.find("application");
+      if (application != v.end() && application->is_object()) {
+        if (auto n = number(*application, "ended", "promoter.volumes[].application")) {
+          counter("pmirror_application_ends_total",
+                  "times the volume's application ended while this node held the volume (it "
+                  "gave the volume up)",
+                  labels, *n);
+        }
+      }
     }
   }
 

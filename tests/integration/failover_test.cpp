@@ -116,8 +116,9 @@ class EventRecorder {
 
 class FailoverTest : public ::testing::Test {
  protected:
-  // `ack`: the volume's ack (0: all replicas).
-  void start_cluster(uint32_t ack) {
+  // `ack`: the volume's ack (0: all replicas). `failover`: the volume's
+  // failover entry; empty: the start_command and stop_command hooks.
+  void start_cluster(uint32_t ack, const std::string& failover = "") {
     std::string error;
     etcd_ = testing::EtcdCluster::start(3, &error);
     ASSERT_NE(etcd_, nullptr) << error;
@@ -137,8 +138,10 @@ class FailoverTest : public ::testing::Test {
     spec.primary = "a";
     spec.replicas = {"b", "c"};
     spec.ack = ack;
-    spec.failover = "{start_command: \"sh " + dir_->file("start-app.sh") +
-                    "\", stop_command: \"sh " + dir_->file("stop-app.sh") + "\"}";
+    spec.failover = !failover.empty()
+                        ? failover
+                        : "{start_command: \"sh " + dir_->file("start-app.sh") +
+                              "\", stop_command: \"sh " + dir_->file("stop-app.sh") + "\"}";
     cluster_->add_volume(spec);
     cluster_->write_config();
     for (const char* node : {"a", "b", "c"}) {
@@ -154,22 +157,26 @@ class FailoverTest : public ::testing::Test {
     for (const char* node : {"a", "b", "c"}) kill_application(node, SIGKILL);
   }
 
-  // The hook: start-app.sh starts the record writer in the background on
-  // the node the promoter names ($PMIRROR_NODE), stop-app.sh stops it.
+  // The hook: start-app.sh is the record writer, run in the foreground on
+  // the node the promoter names ($PMIRROR_NODE) and watched by its promoter
+  // (it writes its pid for the tests to kill or freeze it); stop-app.sh
+  // stops it by the pid the promoter gives it.
   void write_hooks() {
     std::ofstream start(dir_->file("start-app.sh"));
     // a writes long enough to be killed, frozen or cut off mid-stream; the
     // node that takes over writes 300 records and idles.
     start << "case \"$PMIRROR_NODE\" in a) first=1; tag=1; count=990;; "
              "b) first=1001; tag=2; count=300;; *) first=2001; tag=3; count=300;; esac\n"
-          << testing::record_writer_binary() << " write --config " << dir_->file("cluster.yaml")
+          << "echo $$ > " << dir_->path() << "/app-$PMIRROR_NODE.pid\n"
+          << "exec " << testing::record_writer_binary() << " write --config "
+          << dir_->file("cluster.yaml")
           << " --volume v --node \"$PMIRROR_NODE\" --identity app --record-size " << kRecord
           << " --first-seq $first --count $count --tag $tag --rate 50 --hold-open"
           << " --open-timeout 30 > " << dir_->path() << "/app-$PMIRROR_NODE.out 2> " << dir_->path()
-          << "/app-$PMIRROR_NODE.err < /dev/null &\n"
-          << "echo $! > " << dir_->path() << "/app-$PMIRROR_NODE.pid\n";
+          << "/app-$PMIRROR_NODE.err < /dev/null\n";
     std::ofstream stop(dir_->file("stop-app.sh"));
-    stop << "kill $(cat " << dir_->path() << "/app-$PMIRROR_NODE.pid) 2>/dev/null\nexit 0\n";
+    stop << "echo \"$PMIRROR_APP_PID\" > " << dir_->path() << "/stopped-$PMIRROR_NODE.pid\n"
+         << "kill -TERM -\"$PMIRROR_APP_PID\"\n";
   }
 
   void start_promoter(const std::string& node) {
@@ -354,6 +361,155 @@ TEST_F(FailoverTest, KilledPrimaryIsReplacedAndItsAcknowledgedRecordsSurvive) {
   ASSERT_TRUE(status.contains("volumes")) << status.dump(2);
   EXPECT_EQ(status["volumes"][0].value("takeovers", 0), 1) << status.dump(2);
   EXPECT_GE(status["lease"].value("renewals", 0), 1) << status.dump(2);
+}
+
+// The application dies on the primary's node while its promoter and
+// pmirrord go on: the promoter (start_command is its watched child) gives
+// the volume up at once, a standby takes it over and starts its own
+// application, and the node whose application ended does not take the
+// volume back while the other holds it; every record the dead application
+// saw acknowledged is on the new primary's copy.
+TEST_F(FailoverTest, AnApplicationThatEndsGivesItsVolumeUp) {
+  ASSERT_NO_FATAL_FAILURE(start_cluster(/*ack=*/0));
+  for (const char* node : {"a", "b", "c"}) ASSERT_NO_FATAL_FAILURE(start_promoter(node));
+  ASSERT_TRUE(testing::eventually([&] { return last_acked(out_of("a")) >= 100; }, 60s, 50ms))
+      << diagnostics();
+  // The promoter knows its application: the process group the writer
+  // (the pid the hook wrote) runs in.
+  json before = promoter_status("a");
+  ASSERT_TRUE(before.contains("volumes")) << before.dump(2);
+  EXPECT_EQ(before["volumes"][0]["application"].value("pid", 0), ::getpgid(application_pid("a")))
+      << before.dump(2);
+  EventRecorder a_events(dir_->file("a.promoter.sock"));
+
+  kill_application("a", SIGKILL);
+  const auto killed_at = Clock::now();
+  std::this_thread::sleep_for(200ms);  // the writer's last lines reach its file
+  const uint64_t acked = last_acked(out_of("a"));
+
+  const std::string next = new_primary();
+  ASSERT_FALSE(next.empty()) << diagnostics();
+  report_takeover(next, killed_at, "application's kill", "killed");
+  // Well before a's lease could have run out: a gave the volume up.
+  EXPECT_TRUE(promoters_["a"]->running()) << "a's promoter must go on";
+  ASSERT_TRUE(testing::eventually(
+      [&] {
+        // The shell running start_command says how its child ended.
+        return a_events.find("event", "application-ended", "exited with 137 after").has_value();
+      },
+      10s))
+      << json(a_events.events()).dump(2);
+  json after = promoter_status("a");
+  ASSERT_TRUE(after.contains("volumes")) << after.dump(2);
+  const json& volume = after["volumes"][0];
+  EXPECT_EQ(volume["application"].value("ended", 0), 1) << after.dump(2);
+  EXPECT_NE(volume["application"].value("last_end", "").find("exited with 137 after"),
+            std::string::npos)
+      << after.dump(2);
+  EXPECT_FALSE(volume.value("held", true)) << after.dump(2);
+  EXPECT_EQ(volume["application"].value("pid", -1), 0) << after.dump(2);
+
+  RecordLayout layout(kSize, kRecord);
+  auto bytes = testing::read_file(cluster_->copy_path(next));
+  ASSERT_GE(bytes.size(), kSize);
+  auto scan = testing::scan_records(bytes.data(), layout);
+  EXPECT_EQ(testing::check_present(scan, 1, acked, tag_of("a")), "") << scan.summary();
+  // a does not take the volume back while the new primary holds it, and
+  // its copy follows the new primary's as a replica.
+  const uint64_t first = first_seq(next);
+  ASSERT_TRUE(testing::eventually([&] { return last_acked(out_of(next)) >= first + 100; }, 60s))
+      << diagnostics();
+  EXPECT_EQ(promoter_status("a")["volumes"][0].value("holder", ""), next);
+  ASSERT_TRUE(testing::eventually(
+      [&] {
+        auto copy = testing::read_file(cluster_->copy_path("a"));
+        if (copy.size() < kSize) return false;
+        auto a_scan = testing::scan_records(copy.data(), layout);
+        return testing::check_present(a_scan, first, first + 50, tag_of(next)).empty();
+      },
+      30s))
+      << diagnostics();
+}
+
+// A volume handed over (its promoter stopped) stops its application with
+// the stop_command, which gets the application's pid.
+TEST_F(FailoverTest, AHandOverStopsTheApplicationWithItsPid) {
+  ASSERT_NO_FATAL_FAILURE(start_cluster(/*ack=*/0));
+  for (const char* node : {"a", "b", "c"}) ASSERT_NO_FATAL_FAILURE(start_promoter(node));
+  ASSERT_TRUE(testing::eventually([&] { return last_acked(out_of("a")) >= 20; }, 60s, 50ms))
+      << diagnostics();
+  const pid_t pid = application_pid("a");
+  ASSERT_GT(pid, 0);
+  const pid_t group = ::getpgid(pid);
+  promoters_["a"]->signal(SIGTERM);
+  EXPECT_EQ(promoters_["a"]->wait(60s), 0) << diagnostics();
+  // PMIRROR_APP_PID: the shell that ran start_command, the leader of the
+  // application's process group.
+  EXPECT_EQ(read_text(dir_->file("stopped-a.pid")), std::to_string(group) + "\n");
+  // Stopped, and its group with it (gone, or a zombie its new parent has
+  // yet to reap).
+  auto ended = [](pid_t p) {
+    std::string stat = read_text("/proc/" + std::to_string(p) + "/stat");
+    auto paren = stat.rfind(')');
+    return stat.empty() || (paren != std::string::npos && stat.substr(paren + 2, 1) == "Z");
+  };
+  EXPECT_TRUE(ended(pid));
+  EXPECT_TRUE(ended(group));
+  const std::string next = new_primary();
+  EXPECT_FALSE(next.empty()) << diagnostics();
+}
+
+// hook_unit: the promoter asks systemd once a second whether the unit
+// still runs; a unit found failed gives the volume up as an ended
+// start_command does. systemctl here is a stand-in on PATH that runs the
+// hook script as the unit (this machine's tests run without systemd).
+TEST_F(FailoverTest, AUnitFoundFailedGivesItsVolumeUp) {
+  testing::ShmDir bin;
+  {
+    std::ofstream fake(bin.file("systemctl"));
+    const std::string pid_file = "/app-$PMIRROR_NODE.pid";
+    fake << "#!/bin/sh\n"
+         << "echo \"$*\" >> " << bin.file("calls-") << "$PMIRROR_NODE\n"
+         << "pid=$(cat " << bin.path() << pid_file << " 2>/dev/null)\n"
+         << "case $1 in\n"
+         << "start) (setsid sh " << bin.path() << "/unit.sh > /dev/null 2>&1 &) ;;\n"
+         << "stop) [ -n \"$pid\" ] && kill \"$pid\" ;;\n"
+         << "is-active) if [ -n \"$pid\" ] && kill -0 \"$pid\" 2>/dev/null; then echo active; "
+            "else echo failed; exit 3; fi ;;\n"
+         << "esac\nexit 0\n";
+  }
+  ::chmod(bin.file("systemctl").c_str(), 0755);
+  const std::string path = std::getenv("PATH") != nullptr ? std::getenv("PATH") : "";
+  ::setenv("PATH", (bin.path() + ":" + path).c_str(), 1);
+  ASSERT_NO_FATAL_FAILURE(start_cluster(/*ack=*/0, "{hook_unit: app-v.service}"));
+  // The "unit": the hook script, its pid where is-active looks.
+  {
+    std::ofstream unit(bin.file("unit.sh"));
+    unit << "echo $$ > " << bin.path() << "/app-$PMIRROR_NODE.pid\n"
+         << "exec sh " << dir_->file("start-app.sh") << "\n";
+  }
+  for (const char* node : {"a", "b", "c"}) ASSERT_NO_FATAL_FAILURE(start_promoter(node));
+  ::setenv("PATH", path.c_str(), 1);
+  ASSERT_TRUE(testing::eventually([&] { return last_acked(out_of("a")) >= 50; }, 60s, 50ms))
+      << diagnostics();
+  EventRecorder a_events(dir_->file("a.promoter.sock"));
+  kill_application("a", SIGKILL);
+  const std::string next = new_primary();
+  ASSERT_FALSE(next.empty()) << diagnostics();
+  EXPECT_TRUE(promoters_["a"]->running());
+  ASSERT_TRUE(testing::eventually(
+      [&] {
+        return a_events.find("event", "application-ended", "(unit app-v.service) is failed")
+            .has_value();
+      },
+      10s))
+      << json(a_events.events()).dump(2);
+  // a started the unit, asked after it, and stopped it once it had failed.
+  const std::string calls = read_text(bin.file("calls-a"));
+  EXPECT_NE(calls.find("start app-v.service\nis-active app-v.service\n"), std::string::npos)
+      << calls;
+  EXPECT_NE(calls.find("stop app-v.service"), std::string::npos) << calls;
+  EXPECT_NE(read_text(bin.file("calls-" + next)).find("start app-v.service"), std::string::npos);
 }
 
 // The seqs of the valid records with `tag` on `node`'s copy.

@@ -667,7 +667,12 @@ TEST(MetricsTest, FencesAndLeasesAreExported) {
       {"lease", {{"id", 7}, {"deadline_in_ms", 2500}, {"renewals", 41}, {"renewal_failures", 2}}},
       {"volumes",
        {{{"name", "db1"}, {"holder", "node2"}, {"held", false}, {"takeovers", 0}, {"losses", 1}},
-        {{"name", "db2"}, {"holder", "node1"}, {"held", true}, {"takeovers", 3}, {"losses", 0}}}}};
+        {{"name", "db2"},
+         {"holder", "node1"},
+         {"held", true},
+         {"takeovers", 3},
+         {"losses", 0},
+         {"application", {{"hook", "unit db2.service"}, {"pid", 0}, {"ended", 2}}}}}}};
   auto s = parse(render_text(snapshot));
   EXPECT_EQ(value(s, "pmirror_metrics_snapshot_errors_total"), 0);
   const Labels db1{{"volume", "db1"}, {"role", "replica"}};
@@ -691,6 +696,8 @@ TEST(MetricsTest, FencesAndLeasesAreExported) {
   EXPECT_EQ(value(s, "pmirror_lease_holder_info", {{"volume", "db1"}, {"holder", "node2"}}), 1);
   EXPECT_EQ(value(s, "pmirror_lease_takeovers_total", {{"volume", "db2"}}), 3);
   EXPECT_EQ(value(s, "pmirror_lease_losses_total", {{"volume", "db1"}}), 1);
+  EXPECT_EQ(value(s, "pmirror_application_ends_total", {{"volume", "db2"}}), 2);
+  EXPECT_FALSE(value(s, "pmirror_application_ends_total", {{"volume", "db1"}}));
 
   // Without a lease (etcd unreachable), no deadline.
   snapshot["promoter"]["lease"] = {{"id", 0}, {"error", "etcd: timeout"}};
