@@ -303,7 +303,7 @@ void Peers::start_reconnect(Peer& peer) {
   peer.connecting = std::async(std::launch::async, [this, &peer] {
     return Replica::connect({core_.options, peer.spec, core_.local->data(), core_.local->size(),
                              core_.lineage(peer.meta_index), core_.staging.base(),
-                             core_.staging.capacity()});
+                             core_.staging.capacity(), core_.meta->info().promoted});
   });
 }
 

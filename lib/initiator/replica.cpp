@@ -80,6 +80,7 @@ Status Replica::handshake(const Setup& setup) {
   hello.flags = protocol::kHelloCumulativeAcks | protocol::kHelloLineage |
                 protocol::kHelloPlacementOrder | protocol::kHelloNativeFlush |
                 protocol::kHelloOneSidedCommit;
+  if (setup.promoted) hello.flags |= protocol::kHelloPromoted;
   hello.lineage = setup.lineage;
   PMIRROR_RETURN_IF_ERROR(messenger_->send(hello));
 

@@ -52,6 +52,7 @@ class Replica {
     // The snapshot buffer (StagingBuffer), registered too when not empty.
     std::byte* staging_base = nullptr;
     uint64_t staging_size = 0;
+    bool promoted = false;  // the local copy was promoted: the Hello says so
   };
   // Connects, authenticates both ways, checks the remote size, and
   // registers the local copy. Errors name the replica.

@@ -240,9 +240,10 @@ Result<std::unique_ptr<Volume>> Volume::Impl::open(const VolumeOptions& options,
   for (size_t i = 0; i < options.replicas.size(); ++i) {
     const ReplicaSpec& spec = impl->peers.all()[i]->spec;
     protocol::Lineage lineage = core.lineage(impl->peers.all()[i]->meta_index);
-    pending.push_back(std::async(std::launch::async, [&spec, &core, lineage] {
-      return Replica::connect({core.options, spec, core.local->data(), core.local->size(),
-                               lineage, core.staging.base(), core.staging.capacity()});
+    const bool promoted = core.meta->info().promoted;
+    pending.push_back(std::async(std::launch::async, [&spec, &core, lineage, promoted] {
+      return Replica::connect({core.options, spec, core.local->data(), core.local->size(), lineage,
+                               core.staging.base(), core.staging.capacity(), promoted});
     }));
   }
   // Every answer is waited for, but not a dead node's connect timeout once

@@ -244,13 +244,17 @@ Status validate(const Hello& m, Errc code) {
     return Status(
         code, "Hello.flags has undefined bits " + hex(m.flags & ~kHelloFlagsKnown) +
                   " (defined: cumulative acks 0x1, fence 0x2, lineage 0x4, placement order 0x8, "
-                  "native flush 0x10, one-sided commit 0x20)");
+                  "native flush 0x10, one-sided commit 0x20, promoted 0x40)");
   }
   if ((m.flags & kHelloLineage) == 0 && m.lineage != Lineage{}) {
     return Status(code, "Hello.lineage is set without the lineage flag");
   }
   if ((m.flags & kHelloFence) != 0 && ((m.flags & kHelloLineage) == 0 || m.lineage.current == 0)) {
     return Status(code, "Hello: a fence must carry the promoted generation (lineage.current)");
+  }
+  if ((m.flags & kHelloPromoted) != 0 &&
+      ((m.flags & kHelloLineage) == 0 || (m.flags & kHelloFence) != 0)) {
+    return Status(code, "Hello: the promoted flag (0x40) needs the lineage flag and no fence flag");
   }
   if ((m.flags & kHelloLineage) != 0) {
     for (size_t i = 1; i < m.lineage.history.size(); ++i) {

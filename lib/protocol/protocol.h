@@ -150,10 +150,16 @@ enum HelloFlag : uint32_t {
   // The initiator understands VolumeDescriptor.methods' kMethodOneSidedCommit
   // (and the descriptor's commit word fields that come with it).
   kHelloOneSidedCommit = 1u << 5,
+  // The initiator's copy was promoted (pmirrorctl promote, not demoted
+  // since): a new primary. A target whose copy no fence reached records
+  // one at the lineage's current generation: the new primary's first
+  // handshake is the fence (docs/failover.md, section 1). Only with
+  // kHelloLineage, never with kHelloFence.
+  kHelloPromoted = 1u << 6,
 };
 inline constexpr uint32_t kHelloFlagsKnown = kHelloCumulativeAcks | kHelloFence | kHelloLineage |
                                              kHelloPlacementOrder | kHelloNativeFlush |
-                                             kHelloOneSidedCommit;
+                                             kHelloOneSidedCommit | kHelloPromoted;
 
 // The data generations of the initiator's copy, as it knows them.
 struct Lineage {

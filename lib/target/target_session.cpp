@@ -287,6 +287,8 @@ class Session {
       return false;
     }
 
+    fence_the_lineage_it_left();
+
     region::Region& region = region_;
     // Placement order only for an initiator that understands the bit (one
     // that predates it refuses a descriptor carrying it).
@@ -474,6 +476,42 @@ class Session {
     record_.state.transition(supervisor::PeerState::kClosed,
                              sent.ok() ? recorded_text : recorded_text + "; " + sent.message());
     peer_.connection->shutdown();
+  }
+
+  // The first handshake of a promoted primary (Hello flag kHelloPromoted)
+  // whose copy descends from this one's generation is a fence when no
+  // promotion's fence reached this copy (its node was away, and the
+  // promoting pmirrord's retry has not landed): from now on only writers
+  // that know the new primary's generation are taken, so the old primary
+  // is refused here as soon as the new one has been here
+  // (docs/failover.md, section 1). Recorded as a fence from the writer's
+  // identity; it follows the generations this writer moves the copy to. A
+  // fence already recorded (this writer passed it) stays, naming the
+  // promoting node.
+  void fence_the_lineage_it_left() {
+    const uint32_t needed = protocol::kHelloLineage | protocol::kHelloPromoted;
+    if ((peer_.hello.flags & needed) != needed) return;
+    const protocol::Lineage& lineage = peer_.hello.lineage;
+    const metadata::CopyInfo& info = md_->info();
+    const uint64_t mine = info.generations.current;
+    if (info.fence.generation != 0 || mine == 0 || lineage.current == 0 || !lineage.knows(mine)) {
+      return;
+    }
+    std::lock_guard lock(volume_.metadata_mutex);
+    if (Status recorded = md_->set_fence(lineage.current, identity()); !recorded.ok()) {
+      // The session goes on (this writer passes either way); only the
+      // earlier refusal of an old writer is lost until the promotion's
+      // fence lands.
+      log::error("{}: volume {}: recording the fence of the writer's lineage: {}", who(), name(),
+                 recorded.to_string());
+      return;
+    }
+    volume_.copy_status = CopyStatus{.info = md_->info()};
+    volume_.copy_status_at = std::chrono::steady_clock::now();
+    log::info(
+        "{}: volume {}: fenced by this writer's first handshake: its copy (generation {}) "
+        "descends from this one's ({}); writers that do not know {} are refused from now on",
+        who(), name(), hex16(lineage.current), hex16(mine), hex16(lineage.current));
   }
 
   // A fence that reaches the copy while a writer that descends from it is

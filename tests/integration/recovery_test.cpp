@@ -1097,6 +1097,67 @@ TEST_F(RecoveryTest, AFenceToAFrozenNodeIsPendingAndLandsWhenItThaws) {
   }
 }
 
+// A copy that no promotion's fence reached -- its node was down then, and
+// the promoting pmirrord stopped before a retry landed -- is fenced by the
+// new primary's first handshake: the old primary is refused there from
+// then on (docs/failover.md, section 1).
+TEST_F(RecoveryTest, TheNewPrimarysFirstHandshakeFencesACopyNoFenceReached) {
+  constexpr uint64_t kSize = 16ull << 20;
+  for (const char* node : {"a", "b", "c"}) cluster_->add_node(node);
+  volume(kSize, "a", {"b", "c"}, 1);
+  cluster_->write_config();
+  for (const char* node : {"b", "c"}) ASSERT_TRUE(cluster_->start(node)) << cluster_->logs();
+  RecordLayout layout(kSize, kRecord);
+  {
+    auto opened = open_as("a");
+    ASSERT_TRUE(opened.ok()) << opened.status().to_string() << cluster_->logs();
+    ASSERT_TRUE(write_records(**opened, layout, 1, 50, 1).ok());
+    ASSERT_TRUE(wait_in_sync(**opened, "b")) << diag(**opened);
+    ASSERT_TRUE(wait_in_sync(**opened, "c")) << diag(**opened);
+  }
+  const std::string old_generation =
+      target_volume(ctl_status("c"), "v").value("copy", json::object()).value("generation", "");
+  ASSERT_FALSE(old_generation.empty());
+
+  cluster_->daemon("c").terminate();
+  RunResult promoted = cluster_->ctl("b", {"promote", "v"});
+  ASSERT_EQ(promoted.exit, 0) << promoted.text();
+  // b's pmirrord stops before its background retry reaches c.
+  cluster_->daemon("b").terminate();
+  ASSERT_TRUE(cluster_->start("c")) << cluster_->logs();
+  EXPECT_FALSE(target_volume(ctl_status("c"), "v").value("copy", json::object()).contains("fence"))
+      << "no fence reached c";
+
+  // b's application opens: its first handshake with c fences c.
+  std::string new_generation;
+  {
+    auto b = open_as("b");
+    ASSERT_TRUE(b.ok()) << b.status().to_string() << cluster_->logs();
+    ASSERT_TRUE(write_records(**b, layout, 51, 60, 2).ok()) << diag(**b);
+    ASSERT_TRUE(wait_in_sync(**b, "c")) << diag(**b);
+    new_generation = volume_json(**b).value("generation", "");
+  }
+  json c_copy = target_volume(ctl_status("c"), "v").value("copy", json::object());
+  ASSERT_TRUE(c_copy.contains("fence")) << c_copy.dump(2) << cluster_->logs();
+  EXPECT_EQ(c_copy["fence"].value("promoted_on", ""), "app") << c_copy.dump(2);
+  EXPECT_NE(c_copy["fence"].value("generation", ""), old_generation) << c_copy.dump(2);
+  EXPECT_EQ(c_copy.value("generation", ""), new_generation) << c_copy.dump(2);
+
+  // The old primary comes back with the lineage b moved on from: c refuses
+  // it, and takes none of its writes.
+  auto before = testing::read_file(cluster_->copy_path("c"));
+  auto reopened = open_as("a");
+  if (reopened.ok()) {
+    EXPECT_TRUE(wait_state(**reopened, "c", {"refused"})) << diag(**reopened);
+    EXPECT_FALSE(write_records(**reopened, layout, 61, 70, 3).ok()) << diag(**reopened);
+    reopened->reset();
+  } else {
+    EXPECT_EQ(reopened.status().code(), Errc::kFenced) << reopened.status().to_string();
+  }
+  EXPECT_EQ(testing::read_file(cluster_->copy_path("c")), before)
+      << "c took the old lineage's writes";
+}
+
 // ===================================================================== 5
 // Split brain: a writes (with c) while b is away, then b is promoted and
 // written to. Both moved on from the same generation: refused, reported,

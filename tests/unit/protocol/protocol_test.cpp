@@ -555,10 +555,11 @@ TEST(ProtocolDecodeTest, RejectsBadIdentities) {
 
 TEST(ProtocolDecodeTest, RejectsUndefinedHelloFlags) {
   Bytes b = encoded(Hello(sample_hello()));
-  put_le(b, b.size() - 4, 0x48, 4);
+  put_le(b, b.size() - 4, 0x88, 4);
   expect_rejected(b,
-                  "Hello.flags has undefined bits 0x40 (defined: cumulative acks 0x1, fence 0x2, "
-                  "lineage 0x4, placement order 0x8, native flush 0x10, one-sided commit 0x20)");
+                  "Hello.flags has undefined bits 0x80 (defined: cumulative acks 0x1, fence 0x2, "
+                  "lineage 0x4, placement order 0x8, native flush 0x10, one-sided commit 0x20, "
+                  "promoted 0x40)");
   const uint32_t known =
       kHelloPlacementOrder | kHelloCumulativeAcks | kHelloNativeFlush | kHelloOneSidedCommit;
   put_le(b, b.size() - 4, known, 4);
@@ -622,6 +623,16 @@ TEST(ProtocolDecodeTest, RejectsBadFencesAndLineages) {
   h.lineage = {};
   Bytes out;
   EXPECT_THAT(encode(h, out).message(), HasSubstr("a fence must carry the promoted generation"));
+  // A promoted primary says so with its lineage, and is not a fence.
+  h = sample_hello();
+  h.flags = kHelloLineage | kHelloPromoted;
+  h.lineage.current = 9;
+  ASSERT_TRUE(decode(encoded(h)).ok());
+  h.flags = kHelloLineage | kHelloPromoted | kHelloFence;
+  EXPECT_THAT(encode(h, out).message(), HasSubstr("the promoted flag (0x40) needs the lineage"));
+  h.flags = kHelloPromoted;
+  h.lineage = {};
+  EXPECT_THAT(encode(h, out).message(), HasSubstr("the promoted flag (0x40) needs the lineage"));
 }
 
 TEST(ProtocolDecodeTest, RejectsUndefinedMethodBits) {
@@ -862,8 +873,8 @@ TEST(ProtocolEncodeTest, RefusesMessagesOutsideTheLimits) {
   h.volume = std::string(kMaxNameLength + 1, 'a');
   EXPECT_THAT(encode(h, out).message(), HasSubstr("volume name is 65 bytes"));
   h = sample_hello();
-  h.flags = 0x78;
-  EXPECT_THAT(encode(h, out).message(), HasSubstr("Hello.flags has undefined bits 0x40"));
+  h.flags = 0xb8;
+  EXPECT_THAT(encode(h, out).message(), HasSubstr("Hello.flags has undefined bits 0x80"));
 
   ErrorReply e{Errc::kOk, "fine"};
   EXPECT_THAT(encode(e, out).message(), HasSubstr("ErrorReply.code 0 is not a known"));
