@@ -402,7 +402,10 @@ TEST_F(FailoverTest, AnApplicationThatEndsGivesItsVolumeUp) {
   json after = promoter_status("a");
   ASSERT_TRUE(after.contains("volumes")) << after.dump(2);
   const json& volume = after["volumes"][0];
-  EXPECT_EQ(volume["application"].value("ended", 0), 1) << after.dump(2);
+  // At least once: on a loaded machine the standbys may not have taken the
+  // volume within a's hold-off, which a then takes back (its copy is as
+  // new as theirs) and hands over again.
+  EXPECT_GE(volume["application"].value("ended", 0), 1) << after.dump(2);
   EXPECT_NE(volume["application"].value("last_end", "").find("exited with 137 after"),
             std::string::npos)
       << after.dump(2);
