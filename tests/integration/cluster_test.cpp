@@ -16,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <pmirror/pmirror.hpp>
 #include <sstream>
@@ -253,13 +254,21 @@ TEST_F(ClusterTest, StatusFollowsAReplicaStoppedAndRestartedAndResyncsIt) {
   std::vector<json> events;
   std::mutex events_mutex;
   std::atomic<bool> stop_events{false};
+  std::promise<void> subscribed;
+  auto ready = subscribed.get_future();
   std::thread subscriber([&] {
-    (void)control::subscribe(control::initiator_socket_path(::getpid()), [&](const json& e) {
-      std::lock_guard lock(events_mutex);
-      events.push_back(e);
-      return !stop_events.load();
-    });
+    (void)control::subscribe(
+        control::initiator_socket_path(::getpid()),
+        [&](const json& e) {
+          std::lock_guard lock(events_mutex);
+          events.push_back(e);
+          return !stop_events.load();
+        },
+        {}, std::chrono::seconds(5), [&] { subscribed.set_value(); });
   });
+  // Subscribed before node2 stops: its connected -> disconnected is the
+  // first event this test looks for (the lab's slow guest lost that race).
+  EXPECT_EQ(ready.wait_for(std::chrono::seconds(30)), std::future_status::ready);
 
   node2_->kill(SIGTERM);
   // Writes go on: one ack (node1) is enough.
