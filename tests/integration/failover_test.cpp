@@ -252,6 +252,18 @@ class FailoverTest : public ::testing::Test {
                  static_cast<long long>(ms.count()), diagnostics().c_str());
   }
 
+  // Empty if every record first..last with `tag` is intact on `node`'s
+  // copy; else what is not, with the copy's summary.
+  std::string missing_on(const std::string& node, uint64_t first, uint64_t last, uint64_t tag) {
+    RecordLayout layout(kSize, kRecord);
+    auto bytes = testing::read_file(cluster_->copy_path(node));
+    if (bytes.size() < kSize)
+      return node + "'s copy is only " + std::to_string(bytes.size()) + " bytes";
+    auto scan = testing::scan_records(bytes.data(), layout);
+    std::string missing = testing::check_present(scan, first, last, tag);
+    return missing.empty() ? missing : missing + "\n" + scan.summary();
+  }
+
   json promoter_status(const std::string& node) {
     auto status =
         control::request(dir_->file(node + ".promoter.sock"), {{"command", "status"}}, 2s);
@@ -298,11 +310,7 @@ TEST_F(FailoverTest, KilledPrimaryIsReplacedAndItsAcknowledgedRecordsSurvive) {
   report_takeover(next, killed_at, "kill", "killed");
 
   // Every record a saw acknowledged is on the new primary's copy.
-  RecordLayout layout(kSize, kRecord);
-  auto bytes = testing::read_file(cluster_->copy_path(next));
-  ASSERT_GE(bytes.size(), kSize);
-  auto scan = testing::scan_records(bytes.data(), layout);
-  EXPECT_EQ(testing::check_present(scan, 1, acked, tag_of("a")), "") << scan.summary();
+  EXPECT_EQ(missing_on(next, 1, acked, tag_of("a")), "");
 
   // The application the hook started goes on writing, and its records
   // reach the other live replica.
@@ -311,13 +319,7 @@ TEST_F(FailoverTest, KilledPrimaryIsReplacedAndItsAcknowledgedRecordsSurvive) {
       << diagnostics();
   const std::string other = next == "b" ? "c" : "b";
   ASSERT_TRUE(testing::eventually(
-      [&] {
-        auto copy = testing::read_file(cluster_->copy_path(other));
-        if (copy.size() < kSize) return false;
-        auto other_scan = testing::scan_records(copy.data(), layout);
-        return testing::check_present(other_scan, first, first + 50, tag_of(next)).empty();
-      },
-      30s))
+      [&] { return missing_on(other, first, first + 50, tag_of(next)).empty(); }, 30s))
       << diagnostics();
   // Only one node took over.
   EXPECT_EQ(last_acked(out_of(other)), 0u) << diagnostics();
@@ -412,11 +414,7 @@ TEST_F(FailoverTest, AnApplicationThatEndsGivesItsVolumeUp) {
   EXPECT_FALSE(volume.value("held", true)) << after.dump(2);
   EXPECT_EQ(volume["application"].value("pid", -1), 0) << after.dump(2);
 
-  RecordLayout layout(kSize, kRecord);
-  auto bytes = testing::read_file(cluster_->copy_path(next));
-  ASSERT_GE(bytes.size(), kSize);
-  auto scan = testing::scan_records(bytes.data(), layout);
-  EXPECT_EQ(testing::check_present(scan, 1, acked, tag_of("a")), "") << scan.summary();
+  EXPECT_EQ(missing_on(next, 1, acked, tag_of("a")), "");
   // a does not take the volume back while the new primary holds it, and
   // its copy follows the new primary's as a replica.
   const uint64_t first = first_seq(next);
@@ -424,13 +422,7 @@ TEST_F(FailoverTest, AnApplicationThatEndsGivesItsVolumeUp) {
       << diagnostics();
   EXPECT_EQ(promoter_status("a")["volumes"][0].value("holder", ""), next);
   ASSERT_TRUE(testing::eventually(
-      [&] {
-        auto copy = testing::read_file(cluster_->copy_path("a"));
-        if (copy.size() < kSize) return false;
-        auto a_scan = testing::scan_records(copy.data(), layout);
-        return testing::check_present(a_scan, first, first + 50, tag_of(next)).empty();
-      },
-      30s))
+      [&] { return missing_on("a", first, first + 50, tag_of(next)).empty(); }, 30s))
       << diagnostics();
 }
 

@@ -396,6 +396,20 @@ class RecoveryTest : public ::testing::Test {
     return json::parse(r.out, nullptr, false);
   }
 
+  // Nodes a, b, c; volume v (ack 1) with a as its primary and pmirrord on
+  // b and c; a writes records 1..50 (tag 1), both replicas in sync, closed.
+  void three_copies_written_by_a(uint64_t size, const RecordLayout& layout) {
+    for (const char* node : {"a", "b", "c"}) cluster_->add_node(node);
+    volume(size, "a", {"b", "c"}, 1);
+    cluster_->write_config();
+    for (const char* node : {"b", "c"}) ASSERT_TRUE(cluster_->start(node)) << cluster_->logs();
+    auto opened = open_as("a");
+    ASSERT_TRUE(opened.ok()) << opened.status().to_string() << cluster_->logs();
+    ASSERT_TRUE(write_records(**opened, layout, 1, 50, 1).ok());
+    ASSERT_TRUE(wait_in_sync(**opened, "b")) << diag(**opened);
+    ASSERT_TRUE(wait_in_sync(**opened, "c")) << diag(**opened);
+  }
+
   std::string diag(const Volume& v) { return "\nprimary status: " + volume_json(v).dump(2) + "\n"; }
 
   ShmDir dir_;
@@ -1025,20 +1039,8 @@ TEST_F(RecoveryTest, ForcedPromoteFencesTheOldPrimaryOut) {
 // (docs/failover.md, section 1).
 TEST_F(RecoveryTest, AFenceToAFrozenNodeIsPendingAndLandsWhenItThaws) {
   constexpr uint64_t kSize = 16ull << 20;
-  cluster_->add_node("a");
-  cluster_->add_node("b");
-  cluster_->add_node("c");
-  volume(kSize, "a", {"b", "c"}, 1);
-  cluster_->write_config();
-  for (const char* node : {"b", "c"}) ASSERT_TRUE(cluster_->start(node)) << cluster_->logs();
   RecordLayout layout(kSize, kRecord);
-  {
-    auto opened = open_as("a");
-    ASSERT_TRUE(opened.ok()) << opened.status().to_string() << cluster_->logs();
-    ASSERT_TRUE(write_records(**opened, layout, 1, 50, 1).ok());
-    ASSERT_TRUE(wait_in_sync(**opened, "b")) << diag(**opened);
-    ASSERT_TRUE(wait_in_sync(**opened, "c")) << diag(**opened);
-  }
+  ASSERT_NO_FATAL_FAILURE(three_copies_written_by_a(kSize, layout));
 
   // A wait that is not a whole number of milliseconds is refused, and
   // nothing is promoted.
@@ -1103,18 +1105,8 @@ TEST_F(RecoveryTest, AFenceToAFrozenNodeIsPendingAndLandsWhenItThaws) {
 // then on (docs/failover.md, section 1).
 TEST_F(RecoveryTest, TheNewPrimarysFirstHandshakeFencesACopyNoFenceReached) {
   constexpr uint64_t kSize = 16ull << 20;
-  for (const char* node : {"a", "b", "c"}) cluster_->add_node(node);
-  volume(kSize, "a", {"b", "c"}, 1);
-  cluster_->write_config();
-  for (const char* node : {"b", "c"}) ASSERT_TRUE(cluster_->start(node)) << cluster_->logs();
   RecordLayout layout(kSize, kRecord);
-  {
-    auto opened = open_as("a");
-    ASSERT_TRUE(opened.ok()) << opened.status().to_string() << cluster_->logs();
-    ASSERT_TRUE(write_records(**opened, layout, 1, 50, 1).ok());
-    ASSERT_TRUE(wait_in_sync(**opened, "b")) << diag(**opened);
-    ASSERT_TRUE(wait_in_sync(**opened, "c")) << diag(**opened);
-  }
+  ASSERT_NO_FATAL_FAILURE(three_copies_written_by_a(kSize, layout));
   const std::string old_generation =
       target_volume(ctl_status("c"), "v").value("copy", json::object()).value("generation", "");
   ASSERT_FALSE(old_generation.empty());

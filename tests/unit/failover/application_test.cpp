@@ -13,6 +13,8 @@
 #include <string>
 #include <thread>
 
+#include "support/daemon_process.h"
+
 namespace pmirror::failover {
 namespace {
 
@@ -20,14 +22,7 @@ using namespace std::chrono_literals;
 
 class ApplicationTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char pattern[] = "/tmp/pmirror-app-XXXXXX";
-    ASSERT_NE(::mkdtemp(pattern), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
-
-  std::string file(const std::string& name) const { return dir_ + "/" + name; }
+  std::string file(const std::string& name) const { return dir_.file(name); }
   std::string read(const std::string& name) const {
     std::ifstream in(file(name));
     std::stringstream text;
@@ -59,7 +54,7 @@ class ApplicationTest : public ::testing::Test {
     return paren != std::string::npos && stat.size() > paren + 2 && stat[paren + 2] != 'Z';
   }
 
-  std::string dir_;
+  testing::TempDir dir_;
 };
 
 TEST_F(ApplicationTest, AnApplicationThatRunsIsNotGoneAndOneKilledIsWithTheSignal) {
