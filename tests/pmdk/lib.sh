@@ -89,10 +89,14 @@ declare -A pmdk_daemon_pids=()
 # stderr, it is killed, and the status is 124 -- so that a hang costs one
 # failed test with its diagnosis, not the lab's whole timeout.
 pmdk_wait_bounded() {
-  local pid=$1 seconds=$2 what=$3 state="" i task
-  for ((i = 0; i < seconds * 10; i++)); do
+  local pid=$1 seconds=$2 what=$3 state="" task
+  # Counted in wall-clock seconds, not in rounds: in the lab's slow guest a
+  # round (sed, cut, sleep) takes several times its 0.1 s.
+  local deadline=$((SECONDS + seconds))
+  while true; do
     state=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)
     [[ -z $state || $state == Z ]] && break
+    ((SECONDS < deadline)) || break
     sleep 0.1
   done
   if [[ -n $state && $state != Z ]]; then
