@@ -580,9 +580,11 @@ void make_epochs_durable() {
 // to do it sleeps until the next drain wakes it.
 constexpr int kIdlePolls = 10;
 
+// After a failure nothing is: whoever waits stops the program instead.
 bool durable_wanted(const ObservedState& ob) {
   return ob.durable_wanted.load(std::memory_order_relaxed) >
-         ob.durable_epochs.load(std::memory_order_relaxed);
+             ob.durable_epochs.load(std::memory_order_relaxed) &&
+         !ob.failed.load(std::memory_order_relaxed);
 }
 
 // With MirrorState::mutex held on entry and exit.
@@ -593,16 +595,17 @@ void serve_epochs(std::unique_lock<std::mutex>& lock, uint64_t& seen) {
   // Epochs handed over before the last look (or piling up) are due.
   const bool due = ob.consumed < seen || epochs_pile_up(ob) || st.stop || st.settle;
   seen = ob.produced;
-  if (!wanted && !due) return;
-  lock.unlock();
-  if (wanted) {
-    make_epochs_durable();
-  } else {
-    std::lock_guard posting(ob.posting);
-    start_epochs();
+  if (wanted || due) {
+    lock.unlock();
+    if (wanted) {
+      make_epochs_durable();
+    } else {
+      std::lock_guard posting(ob.posting);
+      start_epochs();
+    }
+    lock.lock();
+    if (wanted) ob.durable.notify_all();
   }
-  lock.lock();
-  if (wanted) ob.durable.notify_all();
   if (ob.failed.load(std::memory_order_relaxed)) {
     // Nobody takes the epochs left: the program stops at its next drain
     // or observation point.
@@ -620,15 +623,23 @@ void worker_loop() {
   std::unique_lock lock(st.mutex);
   uint64_t seen = 0;  // epochs handed over when the thread last looked
   int idle_polls = 0;
+  // A failure wakes the thread once, to release the epochs nobody will
+  // take. As a standing reason to wake it kept the thread looping with the
+  // mutex held, and the program's thread, come to stop itself at its next
+  // observation point, waited for that mutex for ever (found over rdma in
+  // the lab: tests/pmdk/observation_point_test.sh).
+  bool failure_served = false;
   while (true) {
     if (g_observed) {
       serve_epochs(lock, seen);
+      failure_served = ob.failed.load(std::memory_order_relaxed);
       const bool busy = ob.consumed != ob.produced;
       idle_polls = busy ? 0 : idle_polls + 1;
       if (st.requests.empty() && !st.stop && !st.settle && !durable_wanted(ob)) {
         auto woken = [&] {
           return st.stop || st.settle || !st.requests.empty() || durable_wanted(ob) ||
-                 epochs_pile_up(ob) || ob.failed.load(std::memory_order_relaxed);
+                 epochs_pile_up(ob) ||
+                 (!failure_served && ob.failed.load(std::memory_order_relaxed));
         };
         if (busy || idle_polls < kIdlePolls) {
           ob.worker_lingering = true;

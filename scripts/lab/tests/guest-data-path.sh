@@ -3,7 +3,8 @@
 # integration tests over rdma (rxe0), the first target on devdax, the second
 # on a plain file; the fsdax start-up check; the rdma transport tests; the
 # three-node cluster status transitions over rdma; the ack policy at open
-# and on a lost replica; pmirror-run with a libpmemobj program.
+# and on a lost replica; pmirror-run with a libpmemobj program, and with
+# one whose replica is lost between two of its steps.
 #
 # With --all (scripts/test-extended.sh) every recovery test; without it
 # (CI's time) those whose path over rdma no other lab part takes: the kill
@@ -49,3 +50,6 @@ echo "== the operator's switches over rdma: down/up a volume, disconnect/connect
 echo "== pmirror-run over rdma: an unmodified libpmemobj program"
 env -u PMIRROR_TEST_FSDAX_DIR "$(dirname "$0")/../../../tests/pmdk/pmirror_run_test.sh" \
   "$build/daemon/pmirror-run" "$build/daemon/pmirrord" "$build/examples/pmemobj-counters"
+echo "== pmirror-run over rdma: the replica lost between two steps stops the program at its next observation point"
+"$(dirname "$0")/../../../tests/pmdk/observation_point_test.sh" \
+  "$build/daemon/pmirror-run" "$build/daemon/pmirrord" "$build/tests/pmdk/pmemobj-steps"
