@@ -385,6 +385,8 @@ class Admission {
   bool step(std::chrono::milliseconds timeout);
   // Drops every handshake under way (the daemon stops).
   void close_all();
+  // Handshakes under way now.
+  size_t under_way() const { return handshakes_.size(); }
 
  private:
   struct Handshake;

@@ -102,10 +102,6 @@ TcpConnection::TcpConnection(UniqueFd fd, const ConnectionOptions& options, cons
       fd_(std::move(fd)),
       table_(std::make_shared<RegistrationTable>()),
       ring_(options.max_outstanding),
-      // A READ_RESP is popped only after sendmsg returned, by which time the
-      // peer may have polled it and posted another Read: hence twice the
-      // peer's depth, plus one spare for an ERROR frame.
-      responses_(2 * size_t{peer.max_outstanding} + 1),
       slots_(new std::byte[size_t{options.recv_slots} * options.message_size]),
       slot_state_(options.recv_slots, SlotState::kPosted),
       posted_(options.recv_slots),
@@ -144,6 +140,14 @@ Status TcpConnection::activate() {
       dormant_fail_locked(Status(Errc::kClosed, "closed to make room for newer connections"));
   }
   if (broken_) return closed_status_locked();
+  // A READ_RESP is popped only after sendmsg returned, by which time the
+  // peer may have polled it and posted another Read: hence twice the
+  // peer's depth, plus one spare for an ERROR frame. Allocated now, when
+  // the peer is authenticated: a stranger's hello announcing the largest
+  // depth (65536) made every unauthenticated connection hold 16 MiB, 64 of
+  // them 1 GiB (docs/architecture.md, "Admission", (6)). Dormant,
+  // a connection answers no Read (its frames are refused as malformed).
+  if (responses_.empty()) responses_.resize(2 * size_t{peer_.max_outstanding} + 1);
   if (in_got_ > 0 || in_payload_) {
     dormant_fail_locked(Status(Errc::kProtocolError,
                                "peer " + peer_address_ +
