@@ -15,11 +15,19 @@
 //     failed persist (without --keep-going: then "failed SEQ MESSAGE").
 //     --threads N: N threads persist records first+t, first+t+N, ... at
 //     once; "acked SEQ" in any order, "done N" the number acknowledged.
+//     --timing (one thread, --depth 1): "acked SEQ LATENCY_US UNIX_MS", the
+//     persist's duration and when it returned (scripts/soak.sh); "failed"
+//     lines get UNIX_MS before the message.
+//     --c-api (one thread, --depth 1): through the C API (pmirror.h:
+//     pmirror_open_from_config, pmirror_persist, pmirror_close), as a C
+//     application writes (scripts/soak.sh); --hold-open is not taken.
 //
 //   pmirror-record-writer check --path P --size S [--record-size 4096]
 //        [--acked A] [--first 1] [--window 1] [--tag T]
-//     reads the copy through a mapping (devdax too), prints a summary and
-//     the rules of check_acknowledged that broke; exit 0 if none did.
+//     reads the copy through a mapping (devdax too), prints a summary, how
+//     many acknowledged records are not intact ("acknowledged F..A, not
+//     intact N") and the rules of check_acknowledged that broke; exit 0 if
+//     none did.
 //     Without --acked: only the summary (exit 0).
 //     --last L (instead of --acked): only that records first..L are valid
 //     (with --tag), whatever else the copy holds (check_present: another
@@ -33,6 +41,7 @@
 //   pmirror-record-writer status-field --volume V --peer P --field F [--role primary]
 //     reads `pmirrorctl status --json` on stdin and prints peers[P].F of
 //     volume V (exit 1 if absent). F may be dotted (resync.left_bytes).
+#include <pmirror/pmirror.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -85,7 +94,7 @@ struct WriteArgs {
   std::string record_size = "4096";
   uint64_t first_seq = 1, count = 0, tag = 1, depth = 1, threads = 1;
   double rate = 0;
-  bool hold_open = false, keep_going = false;
+  bool hold_open = false, keep_going = false, timing = false, c_api = false;
   int open_timeout = 0;
 };
 
@@ -126,13 +135,98 @@ int write_from_threads(const WriteArgs& a, pmirror::Volume& volume, const Record
   return failures == 0 ? 0 : 1;
 }
 
+int64_t unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// The same records, one at a time, through the C API.
+int run_write_c(const WriteArgs& a) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(a.open_timeout);
+  pmirror_volume* volume = nullptr;
+  int rc = 0;
+  while (true) {
+    rc = pmirror_open_from_config(a.config.c_str(), a.volume.c_str(), a.identity.c_str(),
+                                  a.node.c_str(), &volume);
+    if (rc == 0 || g_stop || std::chrono::steady_clock::now() >= deadline) break;
+    std::fprintf(stderr, "open failed (retrying): %s: %s\n", pmirror_strerror(rc),
+                 pmirror_errormsg());
+    std::this_thread::sleep_for(500ms);
+  }
+  if (rc != 0) {
+    std::fprintf(stderr, "cannot open %s as %s: %s: %s\n", a.volume.c_str(), a.node.c_str(),
+                 pmirror_strerror(rc), pmirror_errormsg());
+    return 1;
+  }
+  RecordLayout layout(pmirror_size(volume), size_arg(a.record_size, "--record-size"));
+  say("opened " + a.volume + " size " + std::to_string(pmirror_size(volume)) + " slots " +
+      std::to_string(layout.slots()));
+  const uint64_t last =
+      a.count == 0 ? layout.slots() : std::min(layout.slots(), a.first_seq + a.count - 1);
+  auto* base = static_cast<std::byte*>(pmirror_data(volume));
+  uint64_t acked = a.first_seq - 1;
+  int failures = 0;
+  auto next_due = std::chrono::steady_clock::now();
+  for (uint64_t seq = a.first_seq; seq <= last && !g_stop; ++seq) {
+    if (a.rate > 0) {
+      auto due = next_due;
+      next_due = std::max(due, std::chrono::steady_clock::now()) +
+                 std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                     std::chrono::duration<double>(1.0 / a.rate));
+      while (std::chrono::steady_clock::now() < due && !g_stop) {
+        std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+            due - std::chrono::steady_clock::now(), 20ms));
+      }
+      if (g_stop) break;
+    }
+    const uint64_t offset = layout.offset_of(seq);
+    pmirror::testing::make_record(base + offset, layout, seq, a.tag);
+    const auto t0 = std::chrono::steady_clock::now();
+    rc = pmirror_persist(volume, offset, layout.record_size());
+    const auto took = std::chrono::steady_clock::now() - t0;
+    const std::string when = a.timing ? " " + std::to_string(unix_ms()) : "";
+    if (rc != 0) {
+      say("failed " + std::to_string(seq) + when + " " + pmirror_strerror(rc) + ": " +
+          pmirror_errormsg());
+      ++failures;
+      if (!a.keep_going) break;
+      continue;
+    }
+    acked = seq;
+    say("acked " + std::to_string(seq) +
+        (a.timing ? " " + std::to_string(
+                              std::chrono::duration_cast<std::chrono::microseconds>(took).count())
+                  : "") +
+        when);
+  }
+  if (!g_stop && (failures == 0 || a.keep_going)) say("done " + std::to_string(acked));
+  if (g_stop) say("stopped " + std::to_string(acked));
+  rc = pmirror_close(&volume);
+  if (rc != 0) {
+    std::fprintf(stderr, "close: %s: %s\n", pmirror_strerror(rc), pmirror_errormsg());
+    return 1;
+  }
+  say("closed");
+  return failures == 0 ? 0 : 1;
+}
+
 int run_write(const WriteArgs& a) {
   if (a.threads > 1 && (a.depth > 1 || a.rate > 0)) {
     std::fprintf(stderr, "--threads takes neither --depth nor --rate\n");
     return 2;
   }
+  if ((a.timing || a.c_api) && (a.threads > 1 || a.depth > 1)) {
+    std::fprintf(stderr, "--timing and --c-api take one thread and --depth 1\n");
+    return 2;
+  }
+  if (a.c_api && a.hold_open) {
+    std::fprintf(stderr, "--c-api does not take --hold-open\n");
+    return 2;
+  }
   std::signal(SIGTERM, on_stop);
   std::signal(SIGINT, on_stop);
+  if (a.c_api) return run_write_c(a);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(a.open_timeout);
   pmirror::Result<std::unique_ptr<pmirror::Volume>> opened =
       pmirror::Status(pmirror::Errc::kInternal, "not opened");
@@ -206,8 +300,14 @@ int run_write(const WriteArgs& a) {
         slowest = std::chrono::steady_clock::now() - t0;
         slowest_seq = seq;
       }
+      const auto took = std::chrono::steady_clock::now() - t0;
+      const std::string when =
+          a.timing ? " " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                              std::chrono::system_clock::now().time_since_epoch())
+                                              .count())
+                   : "";
       if (!s.ok()) {
-        say("failed " + std::to_string(seq) + " " + s.message());
+        say("failed " + std::to_string(seq) + when + " " + s.message());
         std::fprintf(stderr, "persist of record %llu failed: %s\n",
                      static_cast<unsigned long long>(seq), s.to_string().c_str());
         ++failures;
@@ -215,7 +315,13 @@ int run_write(const WriteArgs& a) {
         continue;
       }
       acked = seq;
-      say("acked " + std::to_string(seq));
+      if (a.timing) {
+        say("acked " + std::to_string(seq) + " " +
+            std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(took).count()) +
+            when);
+      } else {
+        say("acked " + std::to_string(seq));
+      }
       continue;
     }
     auto sequence = volume->persist_async(offset, layout.record_size());
@@ -270,6 +376,13 @@ int run_check(const std::string& path, uint64_t size, uint64_t record_size, int6
     return 1;
   }
   if (acked < 0) return 0;
+  uint64_t lost = 0;  // acknowledged and not intact here (scripts/soak.sh counts them)
+  for (uint64_t seq = first;
+       seq <= std::min<uint64_t>(static_cast<uint64_t>(acked), layout.slots()); ++seq) {
+    if (scan.records[seq].state != pmirror::testing::RecordState::kValid) ++lost;
+  }
+  say("acknowledged " + std::to_string(first) + ".." + std::to_string(acked) + ", not intact " +
+      std::to_string(lost));
   std::string problems =
       pmirror::testing::check_acknowledged(scan, first, static_cast<uint64_t>(acked), window, tag);
   if (problems.empty()) {
@@ -357,6 +470,8 @@ int main(int argc, char** argv) {
                     "depth 1, no --rate)");
   write->add_flag("--hold-open", w.hold_open, "keep the volume open after the last record");
   write->add_flag("--keep-going", w.keep_going, "report failed persists and go on");
+  write->add_flag("--timing", w.timing, "acked lines with the latency (us) and the time (ms)");
+  write->add_flag("--c-api", w.c_api, "write through the C API (pmirror.h)");
   write->add_option("--open-timeout", w.open_timeout, "retry opening for this many seconds");
 
   std::string path, size = "0", record_size = "4096", field, peer, volume, role = "primary";
