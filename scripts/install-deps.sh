@@ -20,7 +20,8 @@ packages=(
   # the Pacemaker resource agent's test (ocf/pmirror: jq; ocf-tester, xmllint)
   jq resource-agents libxml2-utils
   systemd
-  procps iproute2 python3
+  # scripts/soak.sh: namespaces and links (iproute2), network faults (nftables), its report (python3)
+  procps iproute2 nftables python3
   # a test that finds a hang prints the hung process's stacks (tests/pmdk/lib.sh)
   gdb
   # scripts/fuzz.sh: clang with libFuzzer and the sanitizer runtimes

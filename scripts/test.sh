@@ -140,6 +140,16 @@ if [[ $extended == 1 ]]; then
   "$repo/scripts/pacemaker-cluster.sh" 3
 fi
 
+if [[ ${PMIRROR_SKIP_SOAK:-0} != 1 ]]; then
+  if [[ $extended == 1 ]]; then
+    stage "soak: 60 min of mixed faults on 50 volumes (scripts/soak.sh --long)"
+    "$repo/scripts/soak.sh" --long
+  else
+    stage "soak: 90 s of mixed faults (scripts/soak.sh --short)"
+    "$repo/scripts/soak.sh" --short
+  fi
+fi
+
 stage "quick start"
 PMIRROR_PORT=${PMIRROR_PORT:-17450} "$repo/scripts/quickstart.sh"
 
